@@ -1,0 +1,216 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// KVClusterSpec is the desired state of an etcd-backed key-value cluster.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.partitions) || self.partitions == oldSelf.partitions",message="partitions cannot be changed yet: this operator release does not add or remove etcd members; create a new KVCluster (restored from a backup) with the size you need"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.version) || self.version == oldSelf.version",message="version cannot be changed yet: this operator release does not perform rolling upgrades; create a new KVCluster (restored from a backup) on the new version"
+type KVClusterSpec struct {
+	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
+	// etcd 3.6 and later are supported.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('v')",message="version must be written without a leading 'v', e.g. 3.7.3"
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('v') || self.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$')",message="version must be MAJOR.MINOR.PATCH, e.g. 3.7.3"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || (int(self.split('.')[0]) == 3 && int(self.split('.')[1]) >= 6)",message="etcd versions from 3.6.0 on are supported (3.x with x >= 6)"
+	Version string `json:"version"`
+
+	// Partitions is the number of etcd members (the StatefulSet's replicas). Odd numbers tolerate
+	// the most failures per member: 3 survive one failure, 5 survive two.
+	//
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=9
+	Partitions int32 `json:"partitions"`
+
+	// BackupSchedule is a standard 5-field cron expression (minute hour day-of-month month
+	// day-of-week) or a descriptor such as "@daily", in UTC. Empty means no scheduled backups.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self == '' || self.startsWith('@') || self.matches('^(CRON_TZ=[^ ]+ +)?[^ ]+( +[^ ]+){4}$')",message="backupSchedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be a descriptor such as '@daily'; 6-field (seconds) schedules are not accepted"
+	BackupSchedule string `json:"backupSchedule,omitempty"`
+
+	// Repository is the container image repository for etcd; the image is
+	// "<repository>:v<version>". Defaults to the operator's --etcd-repository
+	// (gcr.io/etcd-development/etcd), e.g. to use a mirror.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]+([._/:-][a-z0-9]+)*$`
+	Repository string `json:"repository,omitempty"`
+
+	// Storage is the persistent volume each member keeps its data on.
+	//
+	// +optional
+	// +kubebuilder:default={}
+	Storage StorageSpec `json:"storage,omitzero"`
+
+	// Resources are the compute resources of each etcd member's container.
+	//
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitzero"`
+
+	// ProgressDeadlineSeconds is how long creation (or recovery of a lost quorum) may make no
+	// progress before the cluster is marked Failed.
+	//
+	// +optional
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:Minimum=30
+	// +kubebuilder:validation:Maximum=86400
+	ProgressDeadlineSeconds int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+// StorageSpec describes the PersistentVolumeClaim of each member. It is fixed at creation, because
+// a StatefulSet's volume claim templates cannot be changed.
+//
+// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="storage cannot be changed after creation (StatefulSet volume claim templates are immutable)"
+type StorageSpec struct {
+	// Size of each member's volume.
+	//
+	// +optional
+	// +kubebuilder:default="1Gi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('64Mi')) >= 0",message="storage.size must be at least 64Mi"
+	Size resource.Quantity `json:"size,omitzero"`
+
+	// StorageClassName of the volumes; empty uses the cluster's default StorageClass.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	StorageClassName string `json:"storageClassName,omitempty"`
+}
+
+// Phase is the coarse lifecycle state of a KVCluster.
+//
+// +kubebuilder:validation:Enum=Creating;Ready;Upgrading;Failed
+type Phase string
+
+const (
+	// PhaseCreating: members are being started and have not yet formed a healthy cluster.
+	PhaseCreating Phase = "Creating"
+	// PhaseReady: the cluster formed and serves requests; see the Ready condition for its health now.
+	PhaseReady Phase = "Ready"
+	// PhaseUpgrading: members are being moved to a new version one at a time.
+	PhaseUpgrading Phase = "Upgrading"
+	// PhaseFailed: the operator cannot make progress without a person; the Stalled condition says why.
+	PhaseFailed Phase = "Failed"
+)
+
+// Condition types published in status.conditions.
+const (
+	// ConditionReady is True when every member is ready and etcd reports a healthy cluster of the
+	// expected size.
+	ConditionReady = "Ready"
+	// ConditionReconciling is True while the operator is working towards the spec (kstatus InProgress).
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True when progress stopped and needs a person (kstatus Failed).
+	ConditionStalled = "Stalled"
+)
+
+// MemberStatus is what etcd reports about one member.
+type MemberStatus struct {
+	// Name of the member (the pod's name).
+	Name string `json:"name"`
+	// ID is etcd's member ID in hexadecimal.
+	ID string `json:"id"`
+	// Version is the etcd server version the member reports.
+	// +optional
+	Version string `json:"version,omitempty"`
+	// Leader is true for the current raft leader.
+	// +optional
+	Leader bool `json:"leader,omitempty"`
+	// Learner is true for a non-voting member that is catching up.
+	// +optional
+	Learner bool `json:"learner,omitempty"`
+	// Healthy is true when the member answered a status request.
+	// +optional
+	Healthy bool `json:"healthy,omitempty"`
+}
+
+// KVClusterStatus is the observed state of a KVCluster.
+type KVClusterStatus struct {
+	// ObservedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Phase is the lifecycle state: Creating, Ready, Upgrading or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// ReadyPartitions is the number of members whose pod is ready.
+	// +optional
+	ReadyPartitions int32 `json:"readyPartitions,omitempty"`
+
+	// CurrentVersion is the etcd version every member runs, as etcd itself reports it.
+	// +optional
+	CurrentVersion string `json:"currentVersion,omitempty"`
+
+	// LastBackupTime is when the last successful backup completed.
+	// +optional
+	LastBackupTime *metav1.Time `json:"lastBackupTime,omitempty"`
+
+	// LastProgressTime is when the phase was entered or the number of ready members last changed;
+	// the progress deadline counts from it.
+	// +optional
+	LastProgressTime *metav1.Time `json:"lastProgressTime,omitempty"`
+
+	// ClientEndpoint is the URL clients use to reach the cluster from inside Kubernetes.
+	// +optional
+	ClientEndpoint string `json:"clientEndpoint,omitempty"`
+
+	// Members is what etcd reports about each member.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Members []MemberStatus `json:"members,omitempty"`
+
+	// Conditions: Ready, Reconciling and Stalled.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// KVCluster is an etcd-backed key-value cluster managed by kvcluster-operator.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=kvc,categories=all
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyPartitions`
+// +kubebuilder:printcolumn:name="Partitions",type=integer,JSONPath=`.spec.partitions`
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.currentVersion`
+// +kubebuilder:printcolumn:name="Last Backup",type=date,JSONPath=`.status.lastBackupTime`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 52",message="metadata.name must be at most 52 characters (it prefixes the member pods' host names)"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label: lower-case letters, digits and '-', starting with a letter (it becomes the members' host names)"
+type KVCluster struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec KVClusterSpec `json:"spec"`
+	// +optional
+	Status KVClusterStatus `json:"status,omitzero"`
+}
+
+// KVClusterList is a list of KVClusters.
+//
+// +kubebuilder:object:root=true
+type KVClusterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []KVCluster `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&KVCluster{}, &KVClusterList{})
+}

@@ -1,0 +1,93 @@
+// Command kvcluster-operator runs the KVCluster controller manager.
+package main
+
+import (
+	"flag"
+	"os"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+func main() {
+	var (
+		metricsAddr    = flag.String("metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
+		probeAddr      = flag.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz probes bind to")
+		leaderElect    = flag.Bool("leader-elect", true, "elect a leader so that only one replica reconciles at a time")
+		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's own namespace)")
+		etcdRepository = flag.String("etcd-repository", specs.DefaultEtcdRepository, "etcd image repository for KVClusters that do not set spec.repository (e.g. a mirror)")
+		etcdTimeout    = flag.Duration("etcd-timeout", 5*time.Second, "bound of one query of an etcd cluster's members")
+	)
+	opts := zap.Options{Development: false}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	log := ctrl.Log.WithName("setup")
+
+	scheme := runtime.NewScheme()
+	must(clientgoscheme.AddToScheme(scheme))
+	must(kvv1.AddToScheme(scheme))
+
+	// The cache holds only objects the operator owns, not every Pod or StatefulSet of the cluster.
+	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		HealthProbeBindAddress:  *probeAddr,
+		LeaderElection:          *leaderElect,
+		LeaderElectionID:        "kvcluster-operator.kvcluster.io",
+		LeaderElectionNamespace: *leaderNS,
+		Client:                  client.Options{FieldOwner: specs.FieldManager},
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&appsv1.StatefulSet{}:          owned,
+			&corev1.Service{}:              owned,
+			&policyv1.PodDisruptionBudget{}: owned,
+		}},
+	})
+	if err != nil {
+		log.Error(err, "cannot create the manager")
+		os.Exit(1)
+	}
+	r := &controllers.KVClusterReconciler{
+		Client:         mgr.GetClient(),
+		Recorder:       mgr.GetEventRecorder(specs.FieldManager),
+		Members:        members.EtcdClient{Timeout: *etcdTimeout},
+		Clock:          clock.RealClock{},
+		EtcdRepository: *etcdRepository,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		log.Error(err, "cannot set up the KVCluster controller")
+		os.Exit(1)
+	}
+	must(mgr.AddHealthzCheck("healthz", healthz.Ping))
+	must(mgr.AddReadyzCheck("readyz", healthz.Ping))
+	log.Info("starting manager", "etcdRepository", *etcdRepository, "leaderElection", *leaderElect)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		log.Error(err, "manager stopped with an error")
+		os.Exit(1)
+	}
+}
+
+func must(err error) {
+	if err != nil {
+		ctrl.Log.Error(err, "setup failed")
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,149 @@
+// Package controllers holds the KVCluster reconciler.
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// KVClusterReconciler drives a KVCluster towards its spec.
+type KVClusterReconciler struct {
+	Client   client.Client
+	Recorder recorder.EventRecorder
+	// Members asks etcd about the cluster; a fake in tests.
+	Members members.Client
+	Clock   clock.PassiveClock
+	// EtcdRepository is the image repository used when a KVCluster does not name one.
+	EtcdRepository string
+}
+
+// +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters/status,verbs=get;patch
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile reads as a story: load the cluster, apply what it should own, observe the members,
+// let the current phase decide what comes next, record it in status.
+func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var kvc kvv1.KVCluster
+	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !kvc.DeletionTimestamp.IsZero() {
+		// Owned objects carry a controller reference; the garbage collector removes them.
+		return ctrl.Result{}, nil
+	}
+	log := log.FromContext(ctx)
+
+	sts, err := r.applyChildren(ctx, &kvc)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	obs := r.observe(ctx, &kvc, sts)
+	status, v := decide(&kvc, obs, specs.ClientEndpoint(&kvc), r.Clock.Now())
+	if err := applyStatus(ctx, r.Client, &kvc, status); err != nil {
+		return ctrl.Result{}, err
+	}
+	if v.phase != kvc.Status.Phase {
+		log.Info("phase changed", "from", kvc.Status.Phase, "to", v.phase, "reason", v.reason, "message", v.message)
+		eventType := corev1.EventTypeNormal
+		if v.phase == kvv1.PhaseFailed {
+			eventType = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(&kvc, nil, eventType, v.reason, "Phase"+string(v.phase), "%s", v.message)
+	}
+	return ctrl.Result{RequeueAfter: v.requeueAfter}, nil
+}
+
+// applyChildren applies every object the cluster owns and returns the cached StatefulSet (empty
+// when it did not exist before this reconcile).
+func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster) (*appsv1.StatefulSet, error) {
+	var peer, clientSvc corev1.Service
+	if err := r.getOwned(ctx, kvc, specs.PeerServiceName(kvc), &peer); err != nil {
+		return nil, err
+	}
+	if err := applyOwned(ctx, r.Client, specs.PeerService(kvc), &peer, corev1ac.ExtractService); err != nil {
+		return nil, err
+	}
+	if err := r.getOwned(ctx, kvc, specs.ClientServiceName(kvc), &clientSvc); err != nil {
+		return nil, err
+	}
+	if err := applyOwned(ctx, r.Client, specs.ClientService(kvc), &clientSvc, corev1ac.ExtractService); err != nil {
+		return nil, err
+	}
+	var pdb policyv1.PodDisruptionBudget
+	if err := r.getOwned(ctx, kvc, kvc.Name, &pdb); err != nil {
+		return nil, err
+	}
+	if err := applyOwned(ctx, r.Client, specs.PodDisruptionBudget(kvc), &pdb, policyv1ac.ExtractPodDisruptionBudget); err != nil {
+		return nil, err
+	}
+	var sts appsv1.StatefulSet
+	if err := r.getOwned(ctx, kvc, kvc.Name, &sts); err != nil {
+		return nil, err
+	}
+	if err := applyOwned(ctx, r.Client, specs.StatefulSet(kvc, r.EtcdRepository), &sts, appsv1ac.ExtractStatefulSet); err != nil {
+		return nil, err
+	}
+	return &sts, nil
+}
+
+// getOwned reads an owned object from the cache, leaving obj empty when it does not exist.
+func (r *KVClusterReconciler) getOwned(ctx context.Context, kvc *kvv1.KVCluster, name string, obj client.Object) error {
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: kvc.Namespace, Name: name}, obj)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get %T %s/%s: %w", obj, kvc.Namespace, name, err)
+	}
+	return nil
+}
+
+// observe reads the member pods' readiness from the StatefulSet and asks etcd about itself.
+func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster, sts *appsv1.StatefulSet) observation {
+	obs := observation{readyMembers: sts.Status.ReadyReplicas}
+	if sts.Status.Replicas == 0 {
+		obs.etcdErr = fmt.Errorf("no member pods exist yet")
+		return obs
+	}
+	cluster, err := r.Members.Cluster(ctx, specs.MemberClientURLs(kvc))
+	if err != nil {
+		obs.etcdErr = err
+		return obs
+	}
+	obs.cluster = &cluster
+	return obs
+}
+
+// SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
+// its spec (generation) or annotations change — not on our own status writes; owned objects
+// trigger one on any change, so drift is put back and member readiness is noticed.
+func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		Owns(&appsv1.StatefulSet{}).
+		Owns(&corev1.Service{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
+		Named("kvcluster").
+		Complete(r)
+}

@@ -1,0 +1,373 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+var errNoQuorum = errors.New("context deadline exceeded")
+
+func (h *harness) namespace(prefix string) string {
+	h.t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := h.client.Create(context.Background(), ns); err != nil {
+		h.t.Fatal(err)
+	}
+	return ns.Name
+}
+
+func newKVCluster(ns, name string, partitions int32) *kvv1.KVCluster {
+	return &kvv1.KVCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       kvv1.KVClusterSpec{Version: "3.7.3", Partitions: partitions},
+	}
+}
+
+func (h *harness) create(kvc *kvv1.KVCluster) {
+	h.t.Helper()
+	if err := h.client.Create(context.Background(), kvc); err != nil {
+		h.t.Fatalf("create KVCluster: %v", err)
+	}
+}
+
+func (h *harness) get(obj client.Object, ns, name string) {
+	h.t.Helper()
+	if err := h.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
+		h.t.Fatalf("get %T %s/%s: %v", obj, ns, name, err)
+	}
+}
+
+func (h *harness) fresh(kvc *kvv1.KVCluster) *kvv1.KVCluster {
+	h.t.Helper()
+	out := &kvv1.KVCluster{}
+	h.get(out, kvc.Namespace, kvc.Name)
+	return out
+}
+
+// setMembersReady plays the kubelet and StatefulSet controller, which envtest does not run.
+func (h *harness) setMembersReady(kvc *kvv1.KVCluster, ready int32) {
+	h.t.Helper()
+	var sts appsv1.StatefulSet
+	h.get(&sts, kvc.Namespace, kvc.Name)
+	sts.Status.Replicas = kvc.Spec.Partitions
+	sts.Status.ReadyReplicas = ready
+	sts.Status.AvailableReplicas = ready
+	if err := h.client.Status().Update(context.Background(), &sts, client.FieldOwner("test-statefulset-controller")); err != nil {
+		h.t.Fatalf("update StatefulSet status: %v", err)
+	}
+}
+
+func etcdAnswer(n int, version string) members.Cluster {
+	return *healthyCluster(n, version)
+}
+
+func kstatusOf(t *testing.T, kvc *kvv1.KVCluster) status.Status {
+	t.Helper()
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kvc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(kvv1.GroupVersion.String())
+	u.SetKind("KVCluster")
+	res, err := status.Compute(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Status
+}
+
+// assertIdle reconciles once more and fails if that sent any write request to the API server.
+func (h *harness) assertIdle(kvc *kvv1.KVCluster, when string) {
+	h.t.Helper()
+	before := writes.count()
+	h.reconcile(kvc)
+	if n := writes.count() - before; n != 0 {
+		h.t.Errorf("%s: an idle reconcile sent %d write requests, want 0: %v", when, n, writes.last(n))
+	}
+}
+
+func TestKVClusterGoesFromCreatingToReady(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("lifecycle")
+	kvc := newKVCluster(ns, "kv", 3)
+	h.create(kvc)
+	h.members.set(members.Cluster{}, errNoQuorum)
+
+	res := h.reconcile(kvc)
+	if res.RequeueAfter == 0 {
+		t.Error("a creating cluster must be looked at again (etcd health is polled)")
+	}
+	got := h.fresh(kvc)
+	if got.Status.Phase != kvv1.PhaseCreating || !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReconciling) {
+		t.Fatalf("status after first reconcile = %+v, want Creating with Reconciling=True", got.Status)
+	}
+	if s := kstatusOf(t, got); s != status.InProgressStatus {
+		t.Errorf("kstatus while creating = %s, want InProgress", s)
+	}
+	if got.Status.ClientEndpoint != "http://kv-client."+ns+".svc:2379" {
+		t.Errorf("clientEndpoint = %q", got.Status.ClientEndpoint)
+	}
+
+	// Every owned object exists, is controlled by the KVCluster, and only our manager owns fields.
+	owned := map[string]client.Object{
+		"StatefulSet kv":  &appsv1.StatefulSet{},
+		"Service kv-peer": &corev1.Service{}, "Service kv-client": &corev1.Service{},
+		"PodDisruptionBudget kv": &policyv1.PodDisruptionBudget{},
+	}
+	for key, obj := range owned {
+		h.get(obj, ns, strings.Fields(key)[1])
+		if ref := metav1.GetControllerOf(obj); ref == nil || ref.UID != got.UID {
+			t.Errorf("%s is not controlled by the KVCluster: %v", key, obj.GetOwnerReferences())
+		}
+		for _, mf := range obj.GetManagedFields() {
+			if mf.Manager != specs.FieldManager || mf.Operation != metav1.ManagedFieldsOperationApply {
+				t.Errorf("%s has fields managed by %q (%s), want only %q applying", key, mf.Manager, mf.Operation, specs.FieldManager)
+			}
+		}
+	}
+	for _, mf := range got.GetManagedFields() {
+		if mf.Subresource == "status" && mf.Manager != specs.FieldManager {
+			t.Errorf("KVCluster status has fields managed by %q", mf.Manager)
+		}
+	}
+	if len(got.Finalizers) != 0 || got.Spec.Storage.Size.String() != "1Gi" {
+		t.Errorf("the operator must never write the spec; spec = %+v", got.Spec)
+	}
+
+	h.assertIdle(kvc, "creating")
+
+	h.setMembersReady(kvc, 3)
+	h.members.set(etcdAnswer(3, "3.7.3"), nil)
+	h.reconcile(kvc)
+	got = h.fresh(kvc)
+	if got.Status.Phase != kvv1.PhaseReady || got.Status.ReadyPartitions != 3 || got.Status.CurrentVersion != "3.7.3" {
+		t.Fatalf("status = %+v, want Ready 3/3 on 3.7.3", got.Status)
+	}
+	if !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
+		t.Errorf("Ready condition = %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady))
+	}
+	if s := kstatusOf(t, got); s != status.CurrentStatus {
+		t.Errorf("kstatus when ready = %s, want Current", s)
+	}
+	if len(got.Status.Members) != 3 || !got.Status.Members[0].Leader {
+		t.Errorf("members = %+v", got.Status.Members)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "ClusterReady") {
+		t.Errorf("events = %q, want a ClusterReady event", ev)
+	}
+
+	h.assertIdle(kvc, "ready")
+
+	// Losing a member keeps the phase but says so on the Ready condition.
+	h.setMembersReady(kvc, 2)
+	down := etcdAnswer(3, "3.7.3")
+	down.Members[2].Healthy = false
+	h.members.set(down, nil)
+	h.reconcile(kvc)
+	got = h.fresh(kvc)
+	ready := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady)
+	if got.Status.Phase != kvv1.PhaseReady || ready.Status != metav1.ConditionFalse || ready.Reason != ReasonMembersUnavailable {
+		t.Errorf("with a member down: phase %s, Ready %+v", got.Status.Phase, ready)
+	}
+	h.setMembersReady(kvc, 3)
+	h.members.set(etcdAnswer(3, "3.7.3"), nil)
+	h.reconcile(kvc)
+	if got = h.fresh(kvc); !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
+		t.Errorf("after the member came back Ready = %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady))
+	}
+}
+
+func drainEvents(h *harness) string {
+	var out []string
+	for {
+		select {
+		case e := <-h.recorder.Events:
+			out = append(out, e)
+		default:
+			return strings.Join(out, "\n")
+		}
+	}
+}
+
+func TestEditedChildrenArePutBack(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("drift")
+	kvc := newKVCluster(ns, "kv", 3)
+	h.create(kvc)
+	h.members.set(members.Cluster{}, errNoQuorum)
+	h.reconcile(kvc)
+
+	ctx := context.Background()
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	five := int32(5)
+	sts.Spec.Replicas = &five
+	sts.Spec.Template.Spec.Containers[0].Image = "example.com/evil:latest"
+	sts.Annotations = map[string]string{"team.example/owner": "storage"}
+	if err := h.client.Update(ctx, &sts, client.FieldOwner("kubectl-edit")); err != nil {
+		t.Fatal(err)
+	}
+	var svc corev1.Service
+	h.get(&svc, ns, "kv-client")
+	if err := h.client.Delete(ctx, &svc); err != nil {
+		t.Fatal(err)
+	}
+
+	h.reconcile(kvc)
+	h.get(&sts, ns, "kv")
+	if *sts.Spec.Replicas != 3 || sts.Spec.Template.Spec.Containers[0].Image != "gcr.io/etcd-development/etcd:v3.7.3" {
+		t.Errorf("drift not corrected: replicas %d image %s", *sts.Spec.Replicas, sts.Spec.Template.Spec.Containers[0].Image)
+	}
+	if sts.Annotations["team.example/owner"] != "storage" {
+		t.Errorf("a field the operator does not own was removed: annotations %v", sts.Annotations)
+	}
+	h.get(&svc, ns, "kv-client") // re-created
+	h.assertIdle(kvc, "after correcting drift")
+}
+
+func TestStalledCreationFailsAndASpecChangeRetries(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("stalled")
+	kvc := newKVCluster(ns, "kv", 3)
+	h.create(kvc)
+	h.members.set(members.Cluster{}, errNoQuorum)
+	h.reconcile(kvc)
+	h.setMembersReady(kvc, 1)
+	h.reconcile(kvc)
+
+	h.clock.SetTime(h.clock.Now().Add(11 * time.Minute))
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	stalled := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled)
+	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Status != metav1.ConditionTrue || stalled.Reason != ReasonProgressDeadline {
+		t.Fatalf("after the deadline: phase %s, Stalled %+v", got.Status.Phase, stalled)
+	}
+	if !strings.Contains(stalled.Message, "1/3 members ready") || !strings.Contains(stalled.Message, "kubectl describe pods") {
+		t.Errorf("the message must say what is wrong and what to do: %q", stalled.Message)
+	}
+	if s := kstatusOf(t, got); s != status.FailedStatus {
+		t.Errorf("kstatus when failed = %s, want Failed", s)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning "+ReasonProgressDeadline) {
+		t.Errorf("events = %q, want a Warning %s event", ev, ReasonProgressDeadline)
+	}
+	h.assertIdle(kvc, "failed")
+
+	got.Spec.ProgressDeadlineSeconds = 1200
+	if err := h.client.Update(context.Background(), got); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	got = h.fresh(kvc)
+	if got.Status.Phase != kvv1.PhaseCreating || meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionStalled) {
+		t.Errorf("after a spec change: phase %s, conditions %+v", got.Status.Phase, got.Status.Conditions)
+	}
+	if s := kstatusOf(t, got); s != status.InProgressStatus {
+		t.Errorf("kstatus after a spec change = %s, want InProgress", s)
+	}
+}
+
+func TestAdmissionRejectsInvalidManifests(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("admission")
+	ctx := context.Background()
+	valid := func(name string) *kvv1.KVCluster { return newKVCluster(ns, name, 3) }
+
+	createCases := []struct {
+		name    string
+		mutate  func(*kvv1.KVCluster)
+		wantErr string // "" = accepted
+	}{
+		{"missing version", func(k *kvv1.KVCluster) { k.Spec.Version = "" }, "spec.version"},
+		{"version with a v", func(k *kvv1.KVCluster) { k.Spec.Version = "v3.7.3" }, "without a leading 'v'"},
+		{"version not semver", func(k *kvv1.KVCluster) { k.Spec.Version = "latest" }, "MAJOR.MINOR.PATCH"},
+		{"version with two parts", func(k *kvv1.KVCluster) { k.Spec.Version = "3.7" }, "MAJOR.MINOR.PATCH"},
+		{"etcd 3.5 unsupported", func(k *kvv1.KVCluster) { k.Spec.Version = "3.5.17" }, "from 3.6.0 on are supported"},
+		{"etcd 4 unsupported", func(k *kvv1.KVCluster) { k.Spec.Version = "4.0.0" }, "from 3.6.0 on are supported"},
+		{"zero partitions", func(k *kvv1.KVCluster) { k.Spec.Partitions = 0 }, "spec.partitions"},
+		{"negative partitions", func(k *kvv1.KVCluster) { k.Spec.Partitions = -1 }, "greater than or equal to 1"},
+		{"too many partitions", func(k *kvv1.KVCluster) { k.Spec.Partitions = 10 }, "less than or equal to 9"},
+		{"6-field cron", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0 0 3 * * *" }, "exactly 5 fields"},
+		{"cron word", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "daily" }, "exactly 5 fields"},
+		{"tiny volume", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("10Mi") }, "at least 64Mi"},
+		{"bad storage class", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "Fast_SSD" }, "storageClassName"},
+		{"bad repository", func(k *kvv1.KVCluster) { k.Spec.Repository = "My Registry/etcd" }, "spec.repository"},
+		{"deadline too short", func(k *kvv1.KVCluster) { k.Spec.ProgressDeadlineSeconds = 5 }, "greater than or equal to 30"},
+		{"name too long", func(k *kvv1.KVCluster) { k.Name = strings.Repeat("a", 53) }, "at most 52 characters"},
+		{"name with a dot", func(k *kvv1.KVCluster) { k.Name = "kv.prod" }, "must be a DNS label"},
+		{"name starting with a digit", func(k *kvv1.KVCluster) { k.Name = "1kv" }, "must be a DNS label"},
+		{"ok: 3.6 patch", func(k *kvv1.KVCluster) { k.Spec.Version = "3.6.16" }, ""},
+		{"ok: descriptor", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "@daily" }, ""},
+		{"ok: step cron", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "*/5 * * * *" }, ""},
+		{"ok: cron with time zone", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "CRON_TZ=Europe/Berlin 0 3 * * 1-5" }, ""},
+		{"ok: one member", func(k *kvv1.KVCluster) { k.Spec.Partitions = 1 }, ""},
+	}
+	for i, tc := range createCases {
+		t.Run("create/"+tc.name, func(t *testing.T) {
+			k := valid(fmt.Sprintf("c%d", i))
+			tc.mutate(k)
+			err := h.client.Create(ctx, k)
+			checkAdmission(t, err, tc.wantErr)
+		})
+	}
+
+	base := valid("update-base")
+	base.Spec.Storage.Size = resource.MustParse("1Gi")
+	if err := h.client.Create(ctx, base); err != nil {
+		t.Fatal(err)
+	}
+	updateCases := []struct {
+		name    string
+		mutate  func(*kvv1.KVCluster)
+		wantErr string
+	}{
+		{"partitions change", func(k *kvv1.KVCluster) { k.Spec.Partitions = 5 }, "partitions cannot be changed yet"},
+		{"version change", func(k *kvv1.KVCluster) { k.Spec.Version = "3.7.4" }, "version cannot be changed yet"},
+		{"storage size change", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("2Gi") }, "storage cannot be changed after creation"},
+		{"storage class change", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "other" }, "storage cannot be changed after creation"},
+		{"ok: schedule change", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0 * * * *" }, ""},
+	}
+	for _, tc := range updateCases {
+		t.Run("update/"+tc.name, func(t *testing.T) {
+			k := &kvv1.KVCluster{}
+			h.get(k, ns, base.Name)
+			tc.mutate(k)
+			checkAdmission(t, h.client.Update(ctx, k), tc.wantErr)
+		})
+	}
+}
+
+func checkAdmission(t *testing.T, err error, wantErr string) {
+	t.Helper()
+	switch {
+	case wantErr == "" && err != nil:
+		t.Errorf("rejected a valid manifest: %v", err)
+	case wantErr != "" && err == nil:
+		t.Errorf("accepted an invalid manifest, want an error containing %q", wantErr)
+	case wantErr != "" && !apierrors.IsInvalid(err):
+		t.Errorf("error %v is not an Invalid error", err)
+	case wantErr != "" && !strings.Contains(err.Error(), wantErr):
+		t.Errorf("error %q does not contain %q", err.Error(), wantErr)
+	}
+}

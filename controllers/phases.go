@@ -1,0 +1,230 @@
+package controllers
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+)
+
+// Condition reasons.
+const (
+	ReasonCreating           = "Creating"
+	ReasonClusterReady       = "ClusterReady"
+	ReasonMembersUnavailable = "MembersUnavailable"
+	ReasonProgressDeadline   = "ProgressDeadlineExceeded"
+	ReasonQuorumLost         = "QuorumLost"
+	ReasonSpecChanged        = "SpecChanged"
+	ReasonNotFailed          = "NotFailed"
+	ReasonIdle               = "Idle"
+)
+
+// How often a cluster is looked at again when nothing else triggers a reconcile: etcd's health
+// is not a Kubernetes object, so it is polled.
+const (
+	pollWhileProgressing = 5 * time.Second
+	pollWhileHealthy     = time.Minute
+	pollWhileFailed      = 30 * time.Second
+)
+
+// observation is what one reconcile saw of a cluster.
+type observation struct {
+	// readyMembers is the StatefulSet's count of ready member pods.
+	readyMembers int32
+	// cluster is etcd's own view; nil when etcd could not be asked or did not answer with a quorum.
+	cluster *members.Cluster
+	// etcdErr says why cluster is nil.
+	etcdErr error
+}
+
+// healthy is the Ready criterion: every member pod ready, and etcd reporting a leader and exactly
+// the expected voting members, all of them answering.
+func (o observation) healthy(kvc *kvv1.KVCluster) bool {
+	n := int(kvc.Spec.Partitions)
+	return o.readyMembers == kvc.Spec.Partitions && o.cluster != nil && o.cluster.HasLeader &&
+		o.cluster.AllHealthy() && len(o.cluster.Members) == n && o.cluster.Voting() == n
+}
+
+func (o observation) quorumLost() bool { return o.cluster == nil || !o.cluster.HasLeader }
+
+// summary is a one-line account of the members for condition messages.
+func (o observation) summary(kvc *kvv1.KVCluster) string {
+	s := fmt.Sprintf("%d/%d members ready", o.readyMembers, kvc.Spec.Partitions)
+	switch {
+	case o.etcdErr != nil:
+		s += "; etcd: " + o.etcdErr.Error()
+	case o.cluster != nil && !o.cluster.HasLeader:
+		s += "; etcd reports no leader"
+	case o.cluster != nil && o.cluster.Voting() != int(kvc.Spec.Partitions):
+		s += fmt.Sprintf("; etcd has %d voting members", o.cluster.Voting())
+	}
+	return s
+}
+
+// verdict is what a phase function decided.
+type verdict struct {
+	phase        kvv1.Phase
+	reason       string
+	message      string
+	requeueAfter time.Duration
+}
+
+// phaseFunc decides the next phase from the current one. Each phase is one small function; the
+// phase itself is persisted in status, so a restarted operator resumes where it was.
+type phaseFunc func(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict
+
+var phaseFuncs = map[kvv1.Phase]phaseFunc{
+	kvv1.PhaseCreating: creating,
+	kvv1.PhaseReady:    ready,
+	kvv1.PhaseFailed:   failed,
+}
+
+// creating waits for every member and for etcd to agree on a healthy cluster of the right size.
+func creating(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+	if obs.healthy(kvc) {
+		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
+	}
+	if deadlinePassed(kvc, now) {
+		return verdict{kvv1.PhaseFailed, ReasonProgressDeadline, fmt.Sprintf(
+			"the cluster did not become ready within %ds (%s). Check the member pods' events and logs "+
+				"(kubectl describe pods -l app.kubernetes.io/instance=%s), fix the cause, then change the spec "+
+				"or delete and re-create the KVCluster", kvc.Spec.ProgressDeadlineSeconds, obs.summary(kvc), kvc.Name),
+			pollWhileFailed}
+	}
+	return verdict{kvv1.PhaseCreating, ReasonCreating, obs.summary(kvc), pollWhileProgressing}
+}
+
+// ready watches a formed cluster. Losing members is reported on the Ready condition while the
+// StatefulSet brings pods back; only a quorum lost for longer than the deadline needs a person.
+func ready(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+	if obs.healthy(kvc) {
+		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
+	}
+	if obs.quorumLost() && deadlinePassed(kvc, now) {
+		return verdict{kvv1.PhaseFailed, ReasonQuorumLost, fmt.Sprintf(
+			"etcd has had no quorum for more than %ds (%s). If the lost members cannot come back, "+
+				"create a new KVCluster restored from the latest backup", kvc.Spec.ProgressDeadlineSeconds, obs.summary(kvc)),
+			pollWhileFailed}
+	}
+	return verdict{kvv1.PhaseReady, ReasonMembersUnavailable, obs.summary(kvc), pollWhileProgressing}
+}
+
+// failed keeps the cluster Failed until a person changes the spec, or the cluster heals itself.
+func failed(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+	if kvc.Generation != kvc.Status.ObservedGeneration {
+		return verdict{kvv1.PhaseCreating, ReasonSpecChanged, "the spec changed; trying again: " + obs.summary(kvc), pollWhileProgressing}
+	}
+	if obs.healthy(kvc) {
+		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
+	}
+	v := verdict{phase: kvv1.PhaseFailed, reason: ReasonProgressDeadline, message: obs.summary(kvc), requeueAfter: pollWhileFailed}
+	if c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue {
+		v.reason, v.message = c.Reason, c.Message
+	}
+	return v
+}
+
+// deadlinePassed reports whether the phase has made no progress for longer than the deadline. The
+// clock starts at the first status the operator writes, not at creation: an operator installed (or
+// down) long after a cluster was created must not fail it on sight.
+func deadlinePassed(kvc *kvv1.KVCluster, now time.Time) bool {
+	if kvc.Status.LastProgressTime == nil {
+		return false
+	}
+	deadline := time.Duration(kvc.Spec.ProgressDeadlineSeconds) * time.Second
+	if deadline <= 0 {
+		deadline = 600 * time.Second
+	}
+	return now.Sub(kvc.Status.LastProgressTime.Time) > deadline
+}
+
+// decide computes the next full status of a cluster from what was observed. It is pure: the same
+// inputs always give the same status, and it leaves unchanged every field (and condition
+// transition time) whose value did not change, so an idle reconcile has nothing to write.
+func decide(kvc *kvv1.KVCluster, obs observation, endpoint string, now time.Time) (kvv1.KVClusterStatus, verdict) {
+	fn, ok := phaseFuncs[kvc.Status.Phase]
+	if !ok { // a new cluster, or a phase this release does not drive
+		fn = creating
+	}
+	v := fn(kvc, obs, now)
+
+	st := *kvc.Status.DeepCopy()
+	st.ObservedGeneration = kvc.Generation
+	st.ClientEndpoint = endpoint
+	nowTime := metav1.NewTime(now.Truncate(time.Second))
+	if v.phase != kvc.Status.Phase || obs.readyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil {
+		st.LastProgressTime = &nowTime
+	}
+	st.Phase = v.phase
+	st.ReadyPartitions = obs.readyMembers
+	st.Members = memberStatuses(kvc.Status.Members, obs.cluster)
+	if ver := commonVersion(obs.cluster); ver != "" {
+		st.CurrentVersion = ver
+	}
+
+	setCondition(&st, kvv1.ConditionReady, v.phase == kvv1.PhaseReady && v.reason == ReasonClusterReady, v.reason, v.message, kvc.Generation, nowTime)
+	progressing := v.phase == kvv1.PhaseCreating || v.phase == kvv1.PhaseUpgrading
+	reconcilingReason := v.reason
+	if !progressing {
+		reconcilingReason = ReasonIdle
+	}
+	setCondition(&st, kvv1.ConditionReconciling, progressing, reconcilingReason, v.message, kvc.Generation, nowTime)
+	stalledReason, stalledMessage := ReasonNotFailed, "the operator is making progress"
+	if v.phase == kvv1.PhaseFailed {
+		stalledReason, stalledMessage = v.reason, v.message
+	}
+	setCondition(&st, kvv1.ConditionStalled, v.phase == kvv1.PhaseFailed, stalledReason, stalledMessage, kvc.Generation, nowTime)
+	return st, v
+}
+
+// setCondition sets a condition on the status, moving lastTransitionTime only when the condition's
+// status really changes.
+func setCondition(st *kvv1.KVClusterStatus, condType string, status bool, reason, message string, generation int64, now metav1.Time) {
+	s := metav1.ConditionFalse
+	if status {
+		s = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type: condType, Status: s, Reason: reason, Message: message,
+		ObservedGeneration: generation, LastTransitionTime: now,
+	})
+}
+
+// memberStatuses is etcd's member list for status; when etcd did not answer, the last known list
+// is kept with every member marked not healthy and no leader.
+func memberStatuses(previous []kvv1.MemberStatus, cluster *members.Cluster) []kvv1.MemberStatus {
+	if cluster == nil {
+		out := make([]kvv1.MemberStatus, len(previous))
+		for i, m := range previous {
+			m.Healthy, m.Leader = false, false
+			out[i] = m
+		}
+		return out
+	}
+	out := make([]kvv1.MemberStatus, 0, len(cluster.Members))
+	for _, m := range cluster.Members {
+		out = append(out, kvv1.MemberStatus{
+			Name: m.Name, ID: fmt.Sprintf("%x", m.ID), Version: m.Version,
+			Leader: m.Leader, Learner: m.Learner, Healthy: m.Healthy,
+		})
+	}
+	return out
+}
+
+// commonVersion is the version every member reports, or "" while they differ or some did not answer.
+func commonVersion(cluster *members.Cluster) string {
+	if cluster == nil || !cluster.AllHealthy() {
+		return ""
+	}
+	v := cluster.Members[0].Version
+	for _, m := range cluster.Members[1:] {
+		if m.Version != v {
+			return ""
+		}
+	}
+	return v
+}

@@ -1,0 +1,121 @@
+// Package specs builds the desired state of every object a KVCluster owns, as typed apply
+// configurations. Its functions are pure (no client, no I/O): the controller decides when to apply,
+// these decide what.
+package specs
+
+import (
+	"fmt"
+	"strings"
+
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+const (
+	// FieldManager is the single field manager every write of the operator uses.
+	FieldManager = "kvcluster-operator"
+
+	// ManagedByLabel marks every object the operator owns; the manager's cache selects on it, so it
+	// never holds unrelated Pods, StatefulSets or Jobs.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "kvcluster-operator"
+	// ClusterLabel names the KVCluster an object belongs to.
+	ClusterLabel = "kvcluster.io/cluster"
+	nameLabel    = "app.kubernetes.io/name"
+	nameValue    = "kvcluster"
+	instanceLbl  = "app.kubernetes.io/instance"
+
+	// DefaultEtcdRepository is the official etcd image repository.
+	DefaultEtcdRepository = "gcr.io/etcd-development/etcd"
+
+	ClientPort  = 2379
+	PeerPort    = 2380
+	MetricsPort = 2381
+
+	dataVolume = "data"
+	dataMount  = "/var/lib/etcd"
+	dataDir    = dataMount + "/data"
+)
+
+// PeerServiceName is the headless Service giving each member a stable DNS name.
+func PeerServiceName(kvc *kvv1.KVCluster) string { return kvc.Name + "-peer" }
+
+// ClientServiceName is the Service clients connect to.
+func ClientServiceName(kvc *kvv1.KVCluster) string { return kvc.Name + "-client" }
+
+// MemberName is the name of the member (and its pod) with the given StatefulSet ordinal.
+func MemberName(kvc *kvv1.KVCluster, ordinal int) string { return fmt.Sprintf("%s-%d", kvc.Name, ordinal) }
+
+// memberHost is a member's DNS name relative to the cluster domain, so it works whatever the
+// cluster domain is (pods resolve it through their search path).
+func memberHost(kvc *kvv1.KVCluster, member string) string {
+	return fmt.Sprintf("%s.%s.%s.svc", member, PeerServiceName(kvc), kvc.Namespace)
+}
+
+// MemberClientURL is the URL of one member's client port.
+func MemberClientURL(kvc *kvv1.KVCluster, ordinal int) string {
+	return fmt.Sprintf("http://%s:%d", memberHost(kvc, MemberName(kvc, ordinal)), ClientPort)
+}
+
+// MemberClientURLs lists the client URLs of all desired members.
+func MemberClientURLs(kvc *kvv1.KVCluster) []string {
+	urls := make([]string, 0, kvc.Spec.Partitions)
+	for i := range int(kvc.Spec.Partitions) {
+		urls = append(urls, MemberClientURL(kvc, i))
+	}
+	return urls
+}
+
+// ClientEndpoint is the URL of the client Service.
+func ClientEndpoint(kvc *kvv1.KVCluster) string {
+	return fmt.Sprintf("http://%s.%s.svc:%d", ClientServiceName(kvc), kvc.Namespace, ClientPort)
+}
+
+// InitialCluster is etcd's --initial-cluster value for the members of a new cluster.
+func InitialCluster(kvc *kvv1.KVCluster) string {
+	parts := make([]string, 0, kvc.Spec.Partitions)
+	for i := range int(kvc.Spec.Partitions) {
+		m := MemberName(kvc, i)
+		parts = append(parts, fmt.Sprintf("%s=http://%s:%d", m, memberHost(kvc, m), PeerPort))
+	}
+	return strings.Join(parts, ",")
+}
+
+// Image is the etcd image of the cluster's version.
+func Image(kvc *kvv1.KVCluster, defaultRepository string) string {
+	repo := kvc.Spec.Repository
+	if repo == "" {
+		repo = defaultRepository
+	}
+	if repo == "" {
+		repo = DefaultEtcdRepository
+	}
+	return fmt.Sprintf("%s:v%s", repo, kvc.Spec.Version)
+}
+
+// SelectorLabels select the member pods of one cluster. They are part of the StatefulSet's
+// immutable selector, so they never change.
+func SelectorLabels(kvc *kvv1.KVCluster) map[string]string {
+	return map[string]string{nameLabel: nameValue, instanceLbl: kvc.Name}
+}
+
+// Labels are put on every owned object. The KVCluster's own labels are deliberately not copied:
+// GitOps tools track objects by label and would adopt or prune the children.
+func Labels(kvc *kvv1.KVCluster) map[string]string {
+	l := SelectorLabels(kvc)
+	l[ManagedByLabel] = ManagedByValue
+	l[ClusterLabel] = kvc.Name
+	return l
+}
+
+// OwnerReference makes the KVCluster the controller of an owned object, so deleting it collects them.
+func OwnerReference(kvc *kvv1.KVCluster) *metav1ac.OwnerReferenceApplyConfiguration {
+	return metav1ac.OwnerReference().
+		WithAPIVersion(kvv1.GroupVersion.String()).
+		WithKind("KVCluster").
+		WithName(kvc.Name).
+		WithUID(kvc.UID).
+		WithController(true).
+		WithBlockOwnerDeletion(true)
+}

@@ -1,0 +1,24 @@
+package specs
+
+import (
+	"k8s.io/apimachinery/pkg/util/intstr"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+// Quorum is the number of voting members etcd needs to accept writes.
+func Quorum(partitions int32) int32 { return partitions/2 + 1 }
+
+// PodDisruptionBudget lets voluntary disruptions (drains) take down only members that the cluster
+// can lose without losing quorum: (n-1)/2 of n. A single-member cluster allows none, because
+// evicting its only member is an outage.
+func PodDisruptionBudget(kvc *kvv1.KVCluster) *policyv1ac.PodDisruptionBudgetApplyConfiguration {
+	return policyv1ac.PodDisruptionBudget(kvc.Name, kvc.Namespace).
+		WithLabels(Labels(kvc)).
+		WithOwnerReferences(OwnerReference(kvc)).
+		WithSpec(policyv1ac.PodDisruptionBudgetSpec().
+			WithMaxUnavailable(intstr.FromInt32(kvc.Spec.Partitions - Quorum(kvc.Spec.Partitions))).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))
+}

@@ -1,0 +1,201 @@
+package specs
+
+import (
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+func cluster(partitions int32) *kvv1.KVCluster {
+	return &kvv1.KVCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "kv", Namespace: "prod", UID: "uid-1",
+			Labels: map[string]string{"argocd.argoproj.io/instance": "app"}},
+		Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: partitions},
+	}
+}
+
+func TestInitialCluster(t *testing.T) {
+	tests := []struct {
+		partitions int32
+		want       string
+	}{
+		{1, "kv-0=http://kv-0.kv-peer.prod.svc:2380"},
+		{3, "kv-0=http://kv-0.kv-peer.prod.svc:2380,kv-1=http://kv-1.kv-peer.prod.svc:2380,kv-2=http://kv-2.kv-peer.prod.svc:2380"},
+	}
+	for _, tt := range tests {
+		if got := InitialCluster(cluster(tt.partitions)); got != tt.want {
+			t.Errorf("InitialCluster(%d) = %q, want %q", tt.partitions, got, tt.want)
+		}
+	}
+}
+
+func TestMemberClientURLs(t *testing.T) {
+	got := MemberClientURLs(cluster(3))
+	want := []string{"http://kv-0.kv-peer.prod.svc:2379", "http://kv-1.kv-peer.prod.svc:2379", "http://kv-2.kv-peer.prod.svc:2379"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("MemberClientURLs = %v, want %v", got, want)
+	}
+	if e := ClientEndpoint(cluster(3)); e != "http://kv-client.prod.svc:2379" {
+		t.Errorf("ClientEndpoint = %q", e)
+	}
+}
+
+func TestPodDisruptionBudgetKeepsQuorum(t *testing.T) {
+	tests := []struct{ partitions, quorum, maxUnavailable int32 }{
+		{1, 1, 0}, {2, 2, 0}, {3, 2, 1}, {4, 3, 1}, {5, 3, 2}, {7, 4, 3}, {9, 5, 4},
+	}
+	for _, tt := range tests {
+		if q := Quorum(tt.partitions); q != tt.quorum {
+			t.Errorf("Quorum(%d) = %d, want %d", tt.partitions, q, tt.quorum)
+		}
+		pdb := PodDisruptionBudget(cluster(tt.partitions))
+		if got := pdb.Spec.MaxUnavailable.IntValue(); int32(got) != tt.maxUnavailable {
+			t.Errorf("partitions %d: maxUnavailable = %d, want %d", tt.partitions, got, tt.maxUnavailable)
+		}
+		if pdb.Spec.Selector.MatchLabels["app.kubernetes.io/instance"] != "kv" {
+			t.Errorf("PDB selector = %v", pdb.Spec.Selector.MatchLabels)
+		}
+	}
+}
+
+func TestQuotaBackendBytes(t *testing.T) {
+	tests := []struct {
+		size string
+		want int64
+	}{
+		{"1Gi", (1 << 30) * 6 / 10},
+		{"64Mi", (64 << 20) * 6 / 10},
+		{"10Gi", (10 << 30) * 6 / 10},
+		{"100Gi", 8 << 30}, // capped at etcd's recommended maximum
+	}
+	for _, tt := range tests {
+		if got := QuotaBackendBytes(resource.MustParse(tt.size)); got != tt.want {
+			t.Errorf("QuotaBackendBytes(%s) = %d, want %d", tt.size, got, tt.want)
+		}
+	}
+}
+
+func TestImage(t *testing.T) {
+	tests := []struct {
+		name, specRepo, flagRepo, want string
+	}{
+		{"official by default", "", "", "gcr.io/etcd-development/etcd:v3.7.3"},
+		{"operator flag (mirror)", "", "mirror.example/etcd", "mirror.example/etcd:v3.7.3"},
+		{"cluster's own repository wins", "team.example/etcd", "mirror.example/etcd", "team.example/etcd:v3.7.3"},
+	}
+	for _, tt := range tests {
+		kvc := cluster(3)
+		kvc.Spec.Repository = tt.specRepo
+		if got := Image(kvc, tt.flagRepo); got != tt.want {
+			t.Errorf("%s: Image = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestServices(t *testing.T) {
+	kvc := cluster(3)
+	peer := PeerService(kvc)
+	if *peer.Name != "kv-peer" || *peer.Spec.ClusterIP != corev1.ClusterIPNone || !*peer.Spec.PublishNotReadyAddresses {
+		t.Errorf("peer Service must be headless and publish not-ready addresses: %+v", peer.Spec)
+	}
+	if len(peer.Spec.Ports) != 2 || *peer.Spec.Ports[1].Port != PeerPort {
+		t.Errorf("peer Service ports = %+v", peer.Spec.Ports)
+	}
+	cl := ClientService(kvc)
+	if *cl.Name != "kv-client" || *cl.Spec.Type != corev1.ServiceTypeClusterIP || cl.Spec.PublishNotReadyAddresses != nil {
+		t.Errorf("client Service must be a ClusterIP over ready members only: %+v", cl.Spec)
+	}
+	if cl.Spec.Selector["app.kubernetes.io/instance"] != "kv" {
+		t.Errorf("client Service selector = %v", cl.Spec.Selector)
+	}
+}
+
+func TestStatefulSet(t *testing.T) {
+	kvc := cluster(3)
+	kvc.Spec.Storage = kvv1.StorageSpec{Size: resource.MustParse("2Gi"), StorageClassName: "fast"}
+	kvc.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}
+	sts := StatefulSet(kvc, "")
+	spec := sts.Spec
+
+	if *spec.Replicas != 3 || *spec.ServiceName != "kv-peer" {
+		t.Errorf("replicas/serviceName = %d/%s", *spec.Replicas, *spec.ServiceName)
+	}
+	if *spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
+		t.Errorf("updateStrategy = %s, want OnDelete (the operator orders member restarts)", *spec.UpdateStrategy.Type)
+	}
+	if *spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("podManagementPolicy = %s, want Parallel (bootstrap needs all members)", *spec.PodManagementPolicy)
+	}
+	ref := sts.OwnerReferences[0]
+	if *ref.Kind != "KVCluster" || !*ref.Controller || *ref.UID != "uid-1" {
+		t.Errorf("owner reference = %+v", ref)
+	}
+	if _, copied := sts.Labels["argocd.argoproj.io/instance"]; copied {
+		t.Error("the KVCluster's own labels must not be copied to children (GitOps tracking)")
+	}
+	if sts.Labels[ManagedByLabel] != ManagedByValue {
+		t.Errorf("labels = %v, want %s=%s for the operator's cache", sts.Labels, ManagedByLabel, ManagedByValue)
+	}
+
+	pod := spec.Template.Spec
+	if pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot ||
+		*pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context not restricted: %+v", pod.SecurityContext)
+	}
+	c := pod.Containers[0]
+	if *c.Image != "gcr.io/etcd-development/etcd:v3.7.3" || *c.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("image = %s (%s)", *c.Image, *c.ImagePullPolicy)
+	}
+	sc := c.SecurityContext
+	if *sc.AllowPrivilegeEscalation || !*sc.ReadOnlyRootFilesystem || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("container security context not restricted: %+v", sc)
+	}
+	if *c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.ReadinessProbe.HTTPGet.Port.String() != "metrics" ||
+		*c.LivenessProbe.HTTPGet.Path != "/livez" {
+		t.Errorf("probes must use /readyz and /livez on the metrics port: %+v %+v", c.ReadinessProbe.HTTPGet, c.LivenessProbe.HTTPGet)
+	}
+	if c.Resources.Requests.Cpu().String() != "100m" {
+		t.Errorf("resources = %+v", c.Resources)
+	}
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{
+		"--initial-cluster=" + InitialCluster(kvc),
+		"--initial-cluster-state=new",
+		"--initial-advertise-peer-urls=http://$(POD_NAME).kv-peer.prod.svc:2380",
+		"--listen-metrics-urls=http://0.0.0.0:2381",
+		"--data-dir=/var/lib/etcd/data",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("etcd args lack %q: %s", want, args)
+		}
+	}
+	if strings.Contains(args, "--experimental") {
+		t.Errorf("etcd 3.7 refuses --experimental-* flags: %s", args)
+	}
+
+	pvc := spec.VolumeClaimTemplates[0]
+	if *pvc.Name != "data" || *pvc.Spec.StorageClassName != "fast" ||
+		pvc.Spec.Resources.Requests.Storage().String() != "2Gi" {
+		t.Errorf("volume claim template = %+v", pvc.Spec)
+	}
+	if pvc.Namespace != nil {
+		t.Errorf("volume claim template must not set a namespace")
+	}
+}
+
+func TestStatefulSetDefaultsStorage(t *testing.T) {
+	sts := StatefulSet(cluster(1), "")
+	pvc := sts.Spec.VolumeClaimTemplates[0]
+	if pvc.Spec.StorageClassName != nil {
+		t.Errorf("an empty storageClassName must use the cluster default, got %q", *pvc.Spec.StorageClassName)
+	}
+	if got := pvc.Spec.Resources.Requests.Storage().String(); got != "1Gi" {
+		t.Errorf("default size = %s, want 1Gi", got)
+	}
+}

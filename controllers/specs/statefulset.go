@@ -1,0 +1,171 @@
+package specs
+
+import (
+	"fmt"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+const (
+	// nonRootUID is the user etcd runs as; the official image has no user of its own.
+	nonRootUID = 65532
+	// maxQuotaBytes is etcd's recommended upper limit for the backend database.
+	maxQuotaBytes = 8 << 30
+)
+
+// QuotaBackendBytes keeps etcd's database quota below the volume size (60%), so etcd raises its
+// NOSPACE alarm and refuses writes before the disk itself fills up and the WAL cannot be written.
+func QuotaBackendBytes(size resource.Quantity) int64 {
+	return min(size.Value()*6/10, maxQuotaBytes)
+}
+
+// StatefulSet runs one etcd member per pod.
+//
+// updateStrategy is OnDelete so that the operator, not the StatefulSet controller, chooses which
+// member restarts when: a rolling update that ignores etcd's health can lose quorum.
+// podManagementPolicy is Parallel because a new cluster's members must all start to form a quorum.
+// Volumes of scaled-away members are deleted (a removed member's data would make a re-added
+// member crash on stale membership); volumes are retained when the whole cluster is deleted.
+func StatefulSet(kvc *kvv1.KVCluster, defaultRepository string) *appsv1ac.StatefulSetApplyConfiguration {
+	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
+		WithLabels(Labels(kvc)).
+		WithOwnerReferences(OwnerReference(kvc)).
+		WithSpec(appsv1ac.StatefulSetSpec().
+			WithReplicas(kvc.Spec.Partitions).
+			WithServiceName(PeerServiceName(kvc)).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))).
+			WithPodManagementPolicy(appsv1.ParallelPodManagement).
+			WithUpdateStrategy(appsv1ac.StatefulSetUpdateStrategy().WithType(appsv1.OnDeleteStatefulSetStrategyType)).
+			WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
+				WithWhenDeleted(appsv1.RetainPersistentVolumeClaimRetentionPolicyType).
+				WithWhenScaled(appsv1.DeletePersistentVolumeClaimRetentionPolicyType)).
+			WithTemplate(podTemplate(kvc, defaultRepository)).
+			WithVolumeClaimTemplates(volumeClaimTemplate(kvc)))
+}
+
+func podTemplate(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.PodTemplateSpecApplyConfiguration {
+	return corev1ac.PodTemplateSpec().
+		WithLabels(Labels(kvc)).
+		WithSpec(corev1ac.PodSpec().
+			// etcd never talks to the Kubernetes API.
+			WithAutomountServiceAccountToken(false).
+			WithEnableServiceLinks(false).
+			WithSecurityContext(corev1ac.PodSecurityContext().
+				WithRunAsNonRoot(true).
+				WithRunAsUser(nonRootUID).
+				WithRunAsGroup(nonRootUID).
+				WithFSGroup(nonRootUID).
+				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+			WithAffinity(corev1ac.Affinity().WithPodAntiAffinity(corev1ac.PodAntiAffinity().
+				WithPreferredDuringSchedulingIgnoredDuringExecution(corev1ac.WeightedPodAffinityTerm().
+					WithWeight(100).
+					WithPodAffinityTerm(corev1ac.PodAffinityTerm().
+						WithTopologyKey(corev1.LabelHostname).
+						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
+			WithContainers(etcdContainer(kvc, defaultRepository)))
+}
+
+func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.ContainerApplyConfiguration {
+	c := corev1ac.Container().
+		WithName("etcd").
+		WithImage(Image(kvc, defaultRepository)).
+		WithImagePullPolicy(corev1.PullIfNotPresent).
+		WithCommand("/usr/local/bin/etcd").
+		WithArgs(EtcdArgs(kvc)...).
+		WithEnv(corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithAPIVersion("v1").WithFieldPath("metadata.name")))).
+		WithPorts(
+			containerPort("client", ClientPort),
+			containerPort("peer", PeerPort),
+			containerPort("metrics", MetricsPort),
+		).
+		WithVolumeMounts(corev1ac.VolumeMount().WithName(dataVolume).WithMountPath(dataMount)).
+		// A bootstrapping member waits for its peers' DNS names and for a quorum; give it time.
+		WithStartupProbe(probe("/livez").WithPeriodSeconds(5).WithFailureThreshold(60)).
+		WithLivenessProbe(probe("/livez").WithPeriodSeconds(10).WithFailureThreshold(6)).
+		WithReadinessProbe(probe("/readyz").WithPeriodSeconds(5).WithFailureThreshold(3)).
+		WithSecurityContext(corev1ac.SecurityContext().
+			WithAllowPrivilegeEscalation(false).
+			WithReadOnlyRootFilesystem(true).
+			WithRunAsNonRoot(true).
+			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")))
+	if r := kvc.Spec.Resources; len(r.Limits) > 0 || len(r.Requests) > 0 {
+		rr := corev1ac.ResourceRequirements()
+		if len(r.Limits) > 0 {
+			rr.WithLimits(r.Limits)
+		}
+		if len(r.Requests) > 0 {
+			rr.WithRequests(r.Requests)
+		}
+		c.WithResources(rr)
+	}
+	return c
+}
+
+// EtcdArgs are the etcd server flags of every member. $(POD_NAME) is expanded by the kubelet. No
+// --experimental-* flag is used: etcd 3.7 removed them all and refuses to start with one.
+func EtcdArgs(kvc *kvv1.KVCluster) []string {
+	self := fmt.Sprintf("$(POD_NAME).%s.%s.svc", PeerServiceName(kvc), kvc.Namespace)
+	return []string{
+		"--name=$(POD_NAME)",
+		"--data-dir=" + dataDir,
+		fmt.Sprintf("--listen-client-urls=http://0.0.0.0:%d", ClientPort),
+		fmt.Sprintf("--listen-peer-urls=http://0.0.0.0:%d", PeerPort),
+		fmt.Sprintf("--listen-metrics-urls=http://0.0.0.0:%d", MetricsPort),
+		fmt.Sprintf("--advertise-client-urls=http://%s:%d", self, ClientPort),
+		fmt.Sprintf("--initial-advertise-peer-urls=http://%s:%d", self, PeerPort),
+		"--initial-cluster=" + InitialCluster(kvc),
+		"--initial-cluster-state=new",
+		"--initial-cluster-token=" + kvc.Namespace + "-" + kvc.Name,
+		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(StorageSize(kvc)), 10),
+		// Keep one hour of history, so the database does not grow without bound.
+		"--auto-compaction-mode=periodic",
+		"--auto-compaction-retention=1h",
+	}
+}
+
+// StorageSize is the requested size of each member's volume (the API defaults it to 1Gi).
+func StorageSize(kvc *kvv1.KVCluster) resource.Quantity {
+	if kvc.Spec.Storage.Size.IsZero() {
+		return resource.MustParse("1Gi")
+	}
+	return kvc.Spec.Storage.Size
+}
+
+func volumeClaimTemplate(kvc *kvv1.KVCluster) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+	spec := corev1ac.PersistentVolumeClaimSpec().
+		WithAccessModes(corev1.ReadWriteOnce).
+		WithVolumeMode(corev1.PersistentVolumeFilesystem).
+		WithResources(corev1ac.VolumeResourceRequirements().
+			WithRequests(corev1.ResourceList{corev1.ResourceStorage: StorageSize(kvc)}))
+	if sc := kvc.Spec.Storage.StorageClassName; sc != "" {
+		spec.WithStorageClassName(sc)
+	}
+	// A template carries no namespace: the constructor would set an empty one. volumeClaimTemplates
+	// is an atomic list, so the values the API server defaults inside it (volumeMode, status.phase)
+	// become ours; stating them keeps the desired object equal to the stored one.
+	return (&corev1ac.PersistentVolumeClaimApplyConfiguration{}).
+		WithName(dataVolume).
+		WithLabels(Labels(kvc)).
+		WithSpec(spec).
+		WithStatus(corev1ac.PersistentVolumeClaimStatus().WithPhase(corev1.ClaimPending))
+}
+
+func containerPort(name string, port int32) *corev1ac.ContainerPortApplyConfiguration {
+	return corev1ac.ContainerPort().WithName(name).WithContainerPort(port).WithProtocol(corev1.ProtocolTCP)
+}
+
+func probe(path string) *corev1ac.ProbeApplyConfiguration {
+	return corev1ac.Probe().
+		WithHTTPGet(corev1ac.HTTPGetAction().WithPath(path).WithPort(intstr.FromString("metrics")).WithScheme(corev1.URISchemeHTTP)).
+		WithTimeoutSeconds(5)
+}

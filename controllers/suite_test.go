@@ -1,0 +1,151 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+)
+
+// The envtest suite runs a real kube-apiserver and etcd (no kubelet, no controllers): what the
+// operator writes, what the API server stores and admits, is real; pods and etcd members are not.
+var (
+	testEnv    *envtest.Environment
+	restConfig *rest.Config
+	scheme     = runtime.NewScheme()
+	writes     = &writeCounter{}
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		fmt.Fprintln(os.Stderr, "KUBEBUILDER_ASSETS is not set: run the tests with 'make test' (it builds kube-apiserver and etcd)")
+		os.Exit(1)
+	}
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	if err := kvv1.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	testEnv = &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "deploy", "crd")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := testEnv.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start envtest:", err)
+		os.Exit(1)
+	}
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &countingTransport{next: rt, counter: writes} })
+	restConfig = cfg
+	code := m.Run()
+	if err := testEnv.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
+	os.Exit(code)
+}
+
+// writeCounter counts the write requests that reach the API server and remembers the latest ones.
+type writeCounter struct {
+	n      atomic.Int64
+	mu     sync.Mutex
+	recent []string
+}
+
+func (w *writeCounter) count() int64 { return w.n.Load() }
+
+func (w *writeCounter) add(req *http.Request) {
+	w.n.Add(1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.recent = append(w.recent, req.Method+" "+req.URL.Path)
+	if len(w.recent) > 10 {
+		w.recent = w.recent[1:]
+	}
+}
+
+func (w *writeCounter) last(n int64) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.recent[max(0, len(w.recent)-int(n)):]
+}
+
+type countingTransport struct {
+	next    http.RoundTripper
+	counter *writeCounter
+}
+
+func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch req.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		t.counter.add(req)
+	}
+	return t.next.RoundTrip(req)
+}
+
+// fakeMembers stands in for etcd: tests set what etcd would answer.
+type fakeMembers struct {
+	mu      sync.Mutex
+	cluster members.Cluster
+	err     error
+}
+
+func (f *fakeMembers) set(c members.Cluster, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cluster, f.err = c, err
+}
+
+func (f *fakeMembers) Cluster(context.Context, []string) (members.Cluster, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cluster, f.err
+}
+
+// harness is one reconciler over the real API server, with a fake etcd and a fake clock.
+type harness struct {
+	t        *testing.T
+	client   client.Client
+	r        *KVClusterReconciler
+	members  *fakeMembers
+	clock    *clocktesting.FakePassiveClock
+	recorder *events.FakeRecorder
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	c, err := client.New(restConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, client: c, members: &fakeMembers{}, clock: clocktesting.NewFakePassiveClock(time.Now()),
+		recorder: events.NewFakeRecorder(100)}
+	h.r = &KVClusterReconciler{Client: c, Recorder: h.recorder, Members: h.members, Clock: h.clock}
+	return h
+}
+
+func (h *harness) reconcile(kvc *kvv1.KVCluster) ctrl.Result {
+	h.t.Helper()
+	res, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(kvc)})
+	if err != nil {
+		h.t.Fatalf("reconcile %s: %v", kvc.Name, err)
+	}
+	return res
+}
