@@ -56,8 +56,8 @@ func main() {
 		LeaderElectionNamespace: *leaderNS,
 		Client:                  client.Options{FieldOwner: specs.FieldManager},
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&appsv1.StatefulSet{}:          owned,
-			&corev1.Service{}:              owned,
+			&appsv1.StatefulSet{}:           owned,
+			&corev1.Service{}:               owned,
 			&policyv1.PodDisruptionBudget{}: owned,
 		}},
 	})

@@ -45,7 +45,9 @@ func PeerServiceName(kvc *kvv1.KVCluster) string { return kvc.Name + "-peer" }
 func ClientServiceName(kvc *kvv1.KVCluster) string { return kvc.Name + "-client" }
 
 // MemberName is the name of the member (and its pod) with the given StatefulSet ordinal.
-func MemberName(kvc *kvv1.KVCluster, ordinal int) string { return fmt.Sprintf("%s-%d", kvc.Name, ordinal) }
+func MemberName(kvc *kvv1.KVCluster, ordinal int) string {
+	return fmt.Sprintf("%s-%d", kvc.Name, ordinal)
+}
 
 // memberHost is a member's DNS name relative to the cluster domain, so it works whatever the
 // cluster domain is (pods resolve it through their search path).
