@@ -5,6 +5,15 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
 BUILD_TOOLS := e2e/localcluster/build.sh
+CLUSTER := e2e/localcluster/cluster.sh
+CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvcluster-operator
+IMAGE ?= ghcr.io/kvcluster/kvcluster-operator:dev
+KIND_VERSION := v0.33.0
+KIND_CLUSTER ?= kvcluster-e2e
+# The local cluster's kubeconfig; `make run` and `make e2e-local` use it unless KUBECONFIG is given.
+LOCAL_KUBECONFIG := $(or $(KVC_CLUSTER_DIR),/var/lib/kvcluster-local)/kubeconfig
+KUBECTL = $$($(BUILD_TOOLS) --print-dir kubectl)/kubectl
+E2E_FLAGS ?= -count=1 -v -timeout=40m
 CONTROLLER_GEN := go tool controller-gen
 GO_TEST_FLAGS ?= -count=1
 
@@ -31,6 +40,7 @@ verify-generated: generate ## fail when generated files are not checked in up to
 vet: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 	go vet ./...
+	go vet -tags e2e ./e2e/
 
 .PHONY: build
 build: ## build the operator binary into bin/
@@ -42,17 +52,64 @@ tools: ## build (or reuse from the cache) every pinned binary the tests need
 
 .PHONY: tools-test
 tools-test: ## build (or reuse) what 'make test' needs
-	$(BUILD_TOOLS) envtest
+	$(BUILD_TOOLS) envtest kubernetes coredns
 
 .PHONY: envtest-assets
 envtest-assets:
 	$(BUILD_TOOLS) envtest
 
+##@ The local cluster (real pods, no Docker needed; root on Linux)
+
+.PHONY: cluster-up
+cluster-up: ## start the local cluster (idempotent); kubeconfig: /var/lib/kvcluster-local/kubeconfig
+	$(CLUSTER) up
+
+.PHONY: cluster-down
+cluster-down: ## stop the local cluster and remove everything it made (idempotent)
+	$(CLUSTER) down
+
+.PHONY: images-local
+images-local: build ## pack the operator and etcd images without Docker and import them into the local cluster
+	e2e/localcluster/images.sh $(CACHE_DIR)/images $(IMAGE) bin/kvcluster-operator
+	$(CLUSTER) import $(CACHE_DIR)/images/*.tar
+
+.PHONY: run
+run: ## the main job: the operator managing a sample 3-member KVCluster, on the local cluster unless KUBECONFIG is set
+	@if [ -z "$${KUBECONFIG:-}" ]; then $(MAKE) --no-print-directory cluster-up images-local; fi
+	@export KUBECONFIG=$${KUBECONFIG:-$(LOCAL_KUBECONFIG)}; \
+	  $(KUBECTL) apply --server-side --force-conflicts -k deploy/default && \
+	  $(KUBECTL) -n kvcluster-system rollout status deploy/kvcluster-operator --timeout=3m && \
+	  $(KUBECTL) apply -n default -f deploy/samples/kvcluster.yaml && \
+	  $(KUBECTL) wait -n default --for=condition=Ready kvc/sample --timeout=5m && \
+	  $(KUBECTL) get -n default kvc,statefulsets,pods,pvc -o wide && \
+	  echo && echo "The operator manages kvc/sample. Try:" && \
+	  echo "  export KUBECONFIG=$$KUBECONFIG; alias kubectl=$(KUBECTL)" && \
+	  echo "  kubectl exec -n default sample-0 -- etcdctl --endpoints=http://sample-client.default.svc:2379 put greeting hello" && \
+	  echo "  kubectl get kvc -n default -w" && \
+	  echo "Stop the local cluster with: make cluster-down"
+
 ##@ Tests
 
 .PHONY: test
-test: verify-generated vet test-unit ## the whole suite: generated code, unit tests and envtest
+test: verify-generated vet test-unit e2e-local ## the whole suite: generated code, unit tests, envtest, e2e on the local cluster
 
 .PHONY: test-unit
 test-unit: envtest-assets ## unit tests and envtest (a real kube-apiserver and etcd, no kubelet)
 	KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: e2e-local
+e2e-local: ## e2e on the project's local cluster: up, import images, deploy from deploy/, run the suite, down
+	$(MAKE) --no-print-directory cluster-down cluster-up images-local
+	status=0; E2E_LOCAL_CLUSTER=1 KUBECTL=$(KUBECTL) go test -tags e2e $(E2E_FLAGS) ./e2e/ -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
+	  if [ $$status -ne 0 ] && [ -n "$${KEEP_CLUSTER:-}" ]; then echo "KEEP_CLUSTER set: the cluster is left running" >&2; exit $$status; fi; \
+	  $(CLUSTER) down; exit $$status
+
+.PHONY: e2e-kubeconfig
+e2e-kubeconfig: ## e2e on an existing cluster: make e2e-kubeconfig KUBECONFIG=... (the operator image must be available there)
+	KUBECTL=$(KUBECTL) go test -tags e2e $(E2E_FLAGS) ./e2e/ -args --kubeconfig=$${KUBECONFIG:?set KUBECONFIG}
+
+.PHONY: e2e
+e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, creates a kind cluster, loads it, runs the suite
+	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
+	docker build -t $(IMAGE) .
+	PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) go test -tags e2e $(E2E_FLAGS) ./e2e/

@@ -1,0 +1,98 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/e2e-framework/klient/k8s"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+	"sigs.k8s.io/e2e-framework/pkg/features"
+)
+
+// On the project's local cluster nothing may leave the machine: a pod must reach the cluster but
+// neither the machine's gateway, its resolver, nor any outside address, and resolve no outside name.
+func TestLocalClusterPodsCannotLeaveTheMachine(t *testing.T) {
+	if !localCluster {
+		t.Skip("only on the project's local cluster (E2E_LOCAL_CLUSTER=1)")
+	}
+	targets := outsideTargets(t)
+	args := []string{"-timeout=4s", "-reach=kubernetes.default.svc.cluster.local:443"}
+	for _, a := range targets {
+		args = append(args, "-dial="+a)
+	}
+	args = append(args, "-resolve=example.com", "-resolve=kubernetes.io")
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "netcheck", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "netcheck", Image: "kvcluster.io/netcheck:dev", ImagePullPolicy: corev1.PullNever, Args: args,
+			}},
+		},
+	}
+	f := features.New("isolation").
+		Assess("a pod reaches the API server but nothing outside the machine", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			r := cfg.Client().Resources()
+			_ = r.Delete(ctx, pod)
+			_ = wait.For(conditions.New(r).ResourceDeleted(pod), wait.WithTimeout(time.Minute))
+			if err := r.Create(ctx, pod); err != nil {
+				t.Fatal(err)
+			}
+			err := wait.For(conditions.New(r).ResourceMatch(pod, func(o k8s.Object) bool {
+				p := o.(*corev1.Pod)
+				return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+			}), wait.WithTimeout(2*time.Minute), wait.WithInterval(time.Second))
+			logs, _ := kubectl(cfg, "-n", "default", "logs", "netcheck")
+			t.Logf("netcheck (targets %v):\n%s", targets, logs)
+			if err != nil {
+				t.Fatalf("netcheck did not finish: %v", err)
+			}
+			if pod.Status.Phase != corev1.PodSucceeded {
+				t.Fatalf("isolation broken or probe failed: pod %s", pod.Status.Phase)
+			}
+			_ = r.Delete(ctx, pod)
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
+
+// outsideTargets are real addresses this machine can reach: its default gateway, its resolvers,
+// and a public address.
+func outsideTargets(t *testing.T) []string {
+	t.Helper()
+	targets := []string{"1.1.1.1:443"}
+	if data, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "nameserver" && net.ParseIP(f[1]).To4() != nil {
+				targets = append(targets, net.JoinHostPort(f[1], "53"))
+			}
+		}
+	}
+	if f, err := os.Open("/proc/net/route"); err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) > 2 && fields[1] == "00000000" && fields[2] != "00000000" {
+				b, err := hex.DecodeString(fields[2])
+				if err == nil && len(b) == 4 {
+					targets = append(targets, fmt.Sprintf("%d.%d.%d.%d:80", b[3], b[2], b[1], b[0]))
+				}
+			}
+		}
+	}
+	return targets
+}

@@ -1,0 +1,233 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	"sigs.k8s.io/e2e-framework/klient/decoder"
+	"sigs.k8s.io/e2e-framework/klient/k8s"
+	"sigs.k8s.io/e2e-framework/klient/k8s/resources"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+	"sigs.k8s.io/e2e-framework/pkg/features"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+func TestOperatorIsDeployed(t *testing.T) {
+	f := features.New("the operator runs in-cluster from deploy/").
+		Assess("its Deployment is Available with the image under test", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			var dep appsv1.Deployment
+			if err := cfg.Client().Resources().Get(ctx, operatorDeployment, operatorNamespace, &dep); err != nil {
+				t.Fatal(err)
+			}
+			if dep.Status.AvailableReplicas < 1 {
+				t.Fatalf("available replicas = %d", dep.Status.AvailableReplicas)
+			}
+			var pods corev1.PodList
+			if err := cfg.Client().Resources(operatorNamespace).List(ctx, &pods); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pods.Items {
+				t.Logf("operator pod %s on %s: %s, image %s", p.Name, p.Spec.NodeName, p.Status.Phase, p.Spec.Containers[0].Image)
+			}
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
+
+type nsKey struct{}
+
+// sampleCluster is deploy/samples/kvcluster.yaml in a fresh namespace: the manifest users apply.
+func sampleCluster(t *testing.T, ns string) *kvv1.KVCluster {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "deploy", "samples", "kvcluster.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvc := &kvv1.KVCluster{}
+	if err := decoder.DecodeString(string(data), kvc); err != nil {
+		t.Fatal(err)
+	}
+	kvc.Namespace = ns
+	return kvc
+}
+
+func TestSampleClusterLifecycle(t *testing.T) {
+	var kvc *kvv1.KVCluster
+	f := features.New("a KVCluster from the sample becomes a real etcd cluster").
+		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			ns := envconf.RandomName("kvc-e2e", 16)
+			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			kvc = sampleCluster(t, ns)
+			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
+				t.Fatal(err)
+			}
+			return context.WithValue(ctx, nsKey{}, ns)
+		}).
+		Assess("it becomes Ready with 3 healthy voting members on the requested version", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			start := time.Now()
+			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+			t.Logf("Ready after %s", time.Since(start).Round(time.Second))
+			got := get(ctx, t, cfg, kvc)
+			if got.Status.Phase != kvv1.PhaseReady || got.Status.ReadyPartitions != 3 || got.Status.CurrentVersion != kvc.Spec.Version {
+				t.Fatalf("status = %+v", got.Status)
+			}
+			leaders := 0
+			for _, m := range got.Status.Members {
+				if !m.Healthy || m.Learner || m.Version != kvc.Spec.Version {
+					t.Errorf("member %+v is not a healthy voting member on %s", m, kvc.Spec.Version)
+				}
+				if m.Leader {
+					leaders++
+				}
+			}
+			if len(got.Status.Members) != 3 || leaders != 1 {
+				t.Errorf("members = %+v, want 3 with one leader", got.Status.Members)
+			}
+			var pods corev1.PodList
+			if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &pods, resources.WithLabelSelector("app.kubernetes.io/instance="+kvc.Name)); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pods.Items {
+				t.Logf("member pod %s: %s on %s, ip %s", p.Name, p.Status.Phase, p.Spec.NodeName, p.Status.PodIP)
+			}
+			return ctx
+		}).
+		Assess("kstatus (Flux's health) says Current", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			if s := kstatusOf(t, get(ctx, t, cfg, kvc)); s != status.CurrentStatus {
+				t.Errorf("kstatus = %s, want Current", s)
+			}
+			return ctx
+		}).
+		Assess("a key written through the client Service is read back", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			endpoint := get(ctx, t, cfg, kvc).Status.ClientEndpoint
+			etcdctl(ctx, t, cfg, kvc, kvc.Name+"-0", "--endpoints="+endpoint, "put", "e2e/greeting", "hello from e2e")
+			out := etcdctl(ctx, t, cfg, kvc, kvc.Name+"-2", "--endpoints="+endpoint, "get", "--print-value-only", "e2e/greeting")
+			if strings.TrimSpace(out) != "hello from e2e" {
+				t.Fatalf("read back %q", out)
+			}
+			return ctx
+		}).
+		Assess("deleting a member pod heals back to Ready with the same members and data", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			before := get(ctx, t, cfg, kvc)
+			victim := &corev1.Pod{}
+			if err := cfg.Client().Resources().Get(ctx, kvc.Name+"-1", kvc.Namespace, victim); err != nil {
+				t.Fatal(err)
+			}
+			oldUID := victim.UID
+			if err := cfg.Client().Resources().Delete(ctx, victim); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(victim, func(o k8s.Object) bool {
+				p := o.(*corev1.Pod)
+				return p.UID != oldUID && isPodReady(p)
+			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(time.Second))
+			if err != nil {
+				t.Fatalf("the deleted member's pod did not come back ready: %v", err)
+			}
+			waitReady(ctx, t, cfg, kvc, 3*time.Minute)
+			t.Logf("healed in %s", time.Since(start).Round(time.Second))
+			after := get(ctx, t, cfg, kvc)
+			if ids(after) != ids(before) {
+				t.Errorf("member IDs changed from %s to %s: the member must rejoin with its data, not as a new member", ids(before), ids(after))
+			}
+			out := etcdctl(ctx, t, cfg, kvc, kvc.Name+"-1", "--endpoints=http://127.0.0.1:2379", "get", "--consistency=s", "--print-value-only", "e2e/greeting")
+			if strings.TrimSpace(out) != "hello from e2e" {
+				t.Errorf("the restarted member serves %q for the key written before", out)
+			}
+			return ctx
+		}).
+		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}}
+			_ = cfg.Client().Resources().Delete(ctx, ns)
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
+
+func get(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) *kvv1.KVCluster {
+	t.Helper()
+	out := &kvv1.KVCluster{}
+	if err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// waitReady waits for what `kubectl wait --for=condition=Ready` waits for, for the current generation.
+func waitReady(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, timeout time.Duration) {
+	t.Helper()
+	err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
+		k := o.(*kvv1.KVCluster)
+		return k.Status.ObservedGeneration == k.Generation && meta.IsStatusConditionTrue(k.Status.Conditions, kvv1.ConditionReady)
+	}), wait.WithTimeout(timeout), wait.WithInterval(2*time.Second))
+	if err != nil {
+		got := get(ctx, t, cfg, kvc)
+		describe, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "pods")
+		logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--tail=40")
+		t.Fatalf("KVCluster %s/%s not Ready within %s: %v\nstatus: %+v\npods:\n%s\noperator logs:\n%s",
+			kvc.Namespace, kvc.Name, timeout, err, got.Status, describe, logs)
+	}
+}
+
+func etcdctl(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, pod string, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := append([]string{"etcdctl", "--dial-timeout=5s", "--command-timeout=10s"}, args...)
+	if err := cfg.Client().Resources().ExecInPod(ctx, kvc.Namespace, pod, "etcd", cmd, &stdout, &stderr); err != nil {
+		t.Fatalf("exec %v in %s: %v: %s", cmd, pod, err, stderr.String())
+	}
+	return stdout.String()
+}
+
+func isPodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func ids(kvc *kvv1.KVCluster) string {
+	var out []string
+	for _, m := range kvc.Status.Members {
+		out = append(out, m.Name+"="+m.ID)
+	}
+	return strings.Join(out, ",")
+}
+
+func kstatusOf(t *testing.T, kvc *kvv1.KVCluster) status.Status {
+	t.Helper()
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kvc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(kvv1.GroupVersion.String())
+	u.SetKind("KVCluster")
+	res, err := status.Compute(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Status
+}

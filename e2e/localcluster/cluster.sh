@@ -1,0 +1,425 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster from source-built binaries, for machines without Docker:
+# control plane as local processes, containerd + kubelet running real pods, kube-proxy, CoreDNS,
+# and a dynamic volume provisioner.
+#
+#   cluster.sh up        start it (idempotent); kubeconfig at $KVC_CLUSTER_DIR/kubeconfig
+#   cluster.sh down      stop it and remove every process, mount, cgroup, iptables rule, bridge
+#                        and route it made (idempotent)
+#   cluster.sh import F  import an image tarball into the node's containerd
+#   cluster.sh status    exit 0 when the cluster answers
+#
+# Isolation: nothing addressed to the cluster may leave through the machine's own interface.
+# Blackhole routes for the cluster ranges and iptables drop rules are installed before anything
+# starts; pods reach only the pod bridge and the node address; CoreDNS has no upstream.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+DIR=${KVC_CLUSTER_DIR:-/var/lib/kvcluster-local}
+RUN=/run/kvcluster-local
+NODE=kvc-node
+NODE_IP=10.245.0.1          # on the bridge kvcnode0, made here
+NODE_NET=10.245.0.0/16
+POD_CIDR=10.244.0.0/24      # the CNI bridge kvcbr0
+POD_NET=10.244.0.0/16
+SERVICE_CIDR=10.96.0.0/16
+API_SERVICE_IP=10.96.0.1
+NODE_BRIDGE=kvcnode0
+POD_BRIDGE=kvcbr0
+CHAIN=KVC-ISOLATION
+CLUSTER_NETS=("$SERVICE_CIDR" "$POD_NET" "$NODE_NET")
+STORAGE_CLASS=kvc-local
+PAUSE_IMAGE=registry.k8s.io/pause:3.10
+CONTAINERD_SOCK=$RUN/containerd.sock
+
+log() { echo "[cluster $(date +%H:%M:%S)] $*" >&2; }
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+kube_bin() { echo "$("$here/build.sh" --print-dir kubernetes)/$1"; }
+kubectl() { "$(kube_bin kubectl)" --kubeconfig "$DIR/kubeconfig" "$@"; }
+
+# --- prerequisites -------------------------------------------------------------------------------
+
+check_prereqs() {
+  [ "$(uname -s)" = Linux ] || die "needs Linux (this is $(uname -s))"
+  [ "$(id -u)" = 0 ] || die "needs root: it runs containerd and the kubelet, and sets up bridges and iptables"
+  local missing=()
+  for c in containerd runc ctr iptables ip openssl conntrack socat curl; do command -v "$c" >/dev/null || missing+=("$c"); done
+  [ -x /usr/lib/cni/bridge ] || missing+=(cni-plugins)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages for: ${missing[*]}"
+    command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them (Debian/Ubuntu expected)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        containerd runc containernetworking-plugins iptables conntrack socat ethtool iproute2 openssl curl; } >"$DIR.apt.log" 2>&1 ||
+      die "could not install packages (containerd runc containernetworking-plugins iptables conntrack socat iproute2 openssl curl); see $DIR.apt.log"
+  fi
+  [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
+}
+
+# --- network isolation (first thing up, last thing down) -----------------------------------------
+
+network_up() {
+  ip link show "$NODE_BRIDGE" >/dev/null 2>&1 || ip link add "$NODE_BRIDGE" type bridge
+  ip addr replace "$NODE_IP/32" dev "$NODE_BRIDGE"
+  ip link set "$NODE_BRIDGE" up
+  for net in "${CLUSTER_NETS[@]}"; do ip route replace blackhole "$net"; done
+  modprobe br_netfilter 2>/dev/null || true
+  [ -f "$DIR/ip_forward.saved" ] || cat /proc/sys/net/ipv4/ip_forward >"$DIR/ip_forward.saved"
+  sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 2>/dev/null || sysctl -qw net.ipv4.ip_forward=1
+
+  iptables -N "$CHAIN" 2>/dev/null || iptables -F "$CHAIN"
+  # Forwarding: only between pods on the pod bridge; pods reach the node address locally (INPUT).
+  iptables -A "$CHAIN" -i "$POD_BRIDGE" -o "$POD_BRIDGE" -j ACCEPT
+  # Rejected rather than dropped, so a pod's attempt fails at once instead of timing out.
+  iptables -A "$CHAIN" -i "$POD_BRIDGE" -j REJECT --reject-with icmp-net-unreachable
+  iptables -A "$CHAIN" -o "$POD_BRIDGE" -j DROP
+  iptables -A "$CHAIN" -i "$NODE_BRIDGE" -j DROP
+  iptables -A "$CHAIN" -o "$NODE_BRIDGE" -j DROP
+  iptables -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -I FORWARD 1 -j "$CHAIN"
+  # Output: the cluster ranges only through loopback and our bridges, never another interface.
+  iptables -N "$CHAIN-OUT" 2>/dev/null || iptables -F "$CHAIN-OUT"
+  for dev in lo "$POD_BRIDGE" "$NODE_BRIDGE"; do iptables -A "$CHAIN-OUT" -o "$dev" -j RETURN; done
+  for net in "${CLUSTER_NETS[@]}"; do iptables -A "$CHAIN-OUT" -d "$net" -j DROP; done
+  iptables -C OUTPUT -j "$CHAIN-OUT" 2>/dev/null || iptables -I OUTPUT 1 -j "$CHAIN-OUT"
+}
+
+# remove_kube_chains deletes every KUBE-* chain, and every rule jumping to one, that the kubelet
+# and kube-proxy made (kube-proxy --cleanup leaves the kubelet's own, e.g. KUBE-FIREWALL).
+remove_kube_chains() {
+  local ipt table rule
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    for table in filter nat mangle raw; do
+      "$ipt-save" -t "$table" 2>/dev/null | grep -E '^-A [^ ]+ .*-j KUBE-' | grep -vE '^-A KUBE-' |
+        while read -r rule; do eval "$ipt -t $table ${rule/-A/-D}" 2>/dev/null || true; done || true
+      for chain in $("$ipt-save" -t "$table" 2>/dev/null | sed -nE 's/^:(KUBE-[^ ]+) .*/\1/p'); do
+        "$ipt" -t "$table" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $("$ipt-save" -t "$table" 2>/dev/null | sed -nE 's/^:(KUBE-[^ ]+) .*/\1/p'); do
+        "$ipt" -t "$table" -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
+}
+
+network_down() {
+  remove_kube_chains
+  while iptables -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
+  while iptables -D OUTPUT -j "$CHAIN-OUT" 2>/dev/null; do :; done
+  for c in "$CHAIN" "$CHAIN-OUT"; do iptables -F "$c" 2>/dev/null || true; iptables -X "$c" 2>/dev/null || true; done
+  for net in "${CLUSTER_NETS[@]}"; do ip route del blackhole "$net" 2>/dev/null || true; done
+  for dev in "$POD_BRIDGE" "$NODE_BRIDGE"; do ip link del "$dev" 2>/dev/null || true; done
+  if [ -f "$DIR/ip_forward.saved" ]; then sysctl -qw "net.ipv4.ip_forward=$(cat "$DIR/ip_forward.saved")"; fi
+}
+
+# --- PKI -----------------------------------------------------------------------------------------
+
+cert() { # name CN O [SANs]
+  local name=$1 cn=$2 o=$3 sans=${4:-} ca=${5:-ca}
+  [ -f "$DIR/pki/$name.crt" ] && return 0
+  local subj="/CN=$cn"; [ -n "$o" ] && subj="/O=$o$subj"
+  openssl genrsa -out "$DIR/pki/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$DIR/pki/$name.key" -subj "$subj" -out "$DIR/pki/$name.csr" 2>/dev/null
+  local ext="$DIR/pki/$name.ext"
+  { echo "basicConstraints=CA:FALSE"; echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"; [ -n "$sans" ] && echo "subjectAltName=$sans"; } >"$ext"
+  openssl x509 -req -in "$DIR/pki/$name.csr" -CA "$DIR/pki/$ca.crt" -CAkey "$DIR/pki/$ca.key" -CAcreateserial \
+    -days 30 -extfile "$ext" -out "$DIR/pki/$name.crt" 2>/dev/null
+}
+
+pki() {
+  mkdir -p "$DIR/pki"
+  for ca in ca front-proxy-ca; do
+    [ -f "$DIR/pki/$ca.crt" ] && continue
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$DIR/pki/$ca.key" -out "$DIR/pki/$ca.crt" \
+      -days 30 -subj "/CN=kvc-local-$ca" 2>/dev/null
+  done
+  cert apiserver kube-apiserver "" "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:$API_SERVICE_IP,IP:$NODE_IP"
+  cert admin kubernetes-admin system:masters
+  cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
+  cert controller-manager system:kube-controller-manager ""
+  cert scheduler system:kube-scheduler ""
+  cert kube-proxy system:kube-proxy ""
+  cert kubelet "system:node:$NODE" system:nodes "DNS:$NODE,IP:$NODE_IP"
+  cert front-proxy-client front-proxy-client "" "" front-proxy-ca
+  [ -f "$DIR/pki/sa.key" ] || { openssl genrsa -out "$DIR/pki/sa.key" 2048 2>/dev/null; openssl rsa -in "$DIR/pki/sa.key" -pubout -out "$DIR/pki/sa.pub" 2>/dev/null; }
+  for who in admin controller-manager scheduler kube-proxy kubelet; do
+    local kc="$DIR/$who.kubeconfig"; [ "$who" = admin ] && kc="$DIR/kubeconfig"
+    cat >"$kc" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kvc-local
+  cluster: {certificate-authority: $DIR/pki/ca.crt, server: "https://$NODE_IP:6443"}
+users:
+- name: $who
+  user: {client-certificate: $DIR/pki/$who.crt, client-key: $DIR/pki/$who.key}
+contexts:
+- name: kvc-local
+  context: {cluster: kvc-local, user: $who}
+current-context: kvc-local
+EOF
+  done
+}
+
+# --- processes -----------------------------------------------------------------------------------
+
+# start NAME BINARY ARGS...: runs a process in the background, remembering its PID and binary.
+start() {
+  local name=$1 bin=$2; shift 2
+  if alive "$name"; then return 0; fi
+  mkdir -p "$DIR/logs" "$DIR/pids"
+  nohup "$bin" "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null &
+  echo "$! $(readlink -f "$bin")" >"$DIR/pids/$name"
+}
+
+# alive NAME: the recorded PID still runs the recorded binary (PIDs are reused quickly).
+alive() {
+  local f="$DIR/pids/$1" pid bin
+  [ -f "$f" ] || return 1
+  read -r pid bin <"$f"
+  [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$bin" ]
+}
+
+stop() {
+  local name=$1 f="$DIR/pids/$1" pid bin
+  [ -f "$f" ] || return 0
+  read -r pid bin <"$f"
+  if alive "$name"; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do alive "$name" || break; sleep 0.2; done
+    alive "$name" && kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+wait_for() { # description seconds command...
+  local what=$1 secs=$2; shift 2
+  for _ in $(seq $((secs * 2))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  die "$what did not come up within ${secs}s; logs in $DIR/logs/"
+}
+
+api_ready() { curl -sf --cacert "$DIR/pki/ca.crt" --cert "$DIR/pki/admin.crt" --key "$DIR/pki/admin.key" "https://$NODE_IP:6443/readyz"; }
+
+control_plane_up() {
+  local etcd; etcd="$("$here/build.sh" --print-dir etcd-3.7.3)/etcd"
+  start etcd "$etcd" --name=kvc-local --data-dir="$DIR/etcd" --unsafe-no-fsync \
+    --listen-client-urls=http://127.0.0.1:23790 --advertise-client-urls=http://127.0.0.1:23790 \
+    --listen-peer-urls=http://127.0.0.1:23800 --initial-advertise-peer-urls=http://127.0.0.1:23800 \
+    --initial-cluster=kvc-local=http://127.0.0.1:23800 --listen-metrics-urls=http://127.0.0.1:23810
+  wait_for etcd 30 curl -sf http://127.0.0.1:23790/health
+
+  start kube-apiserver "$(kube_bin kube-apiserver)" \
+    --etcd-servers=http://127.0.0.1:23790 --bind-address="$NODE_IP" --advertise-address="$NODE_IP" --secure-port=6443 \
+    --service-cluster-ip-range="$SERVICE_CIDR" --authorization-mode=Node,RBAC --allow-privileged=true \
+    --client-ca-file="$DIR/pki/ca.crt" --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
+    --kubelet-client-certificate="$DIR/pki/apiserver-kubelet-client.crt" --kubelet-client-key="$DIR/pki/apiserver-kubelet-client.key" \
+    --service-account-key-file="$DIR/pki/sa.pub" --service-account-signing-key-file="$DIR/pki/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --requestheader-client-ca-file="$DIR/pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$DIR/pki/front-proxy-client.crt" --proxy-client-key-file="$DIR/pki/front-proxy-client.key" \
+    --enable-admission-plugins=NodeRestriction --profiling=false \
+    --kubelet-preferred-address-types=InternalIP
+  wait_for kube-apiserver 90 api_ready
+
+  start kube-controller-manager "$(kube_bin kube-controller-manager)" \
+    --kubeconfig="$DIR/controller-manager.kubeconfig" --authentication-kubeconfig="$DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$DIR/controller-manager.kubeconfig" --bind-address=127.0.0.1 \
+    --leader-elect=false --use-service-account-credentials=true --controllers='*' \
+    --root-ca-file="$DIR/pki/ca.crt" --service-account-private-key-file="$DIR/pki/sa.key" \
+    --cluster-signing-cert-file="$DIR/pki/ca.crt" --cluster-signing-key-file="$DIR/pki/ca.key" \
+    --service-cluster-ip-range="$SERVICE_CIDR" --allocate-node-cidrs=false
+  start kube-scheduler "$(kube_bin kube-scheduler)" --kubeconfig="$DIR/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$DIR/scheduler.kubeconfig" --authorization-kubeconfig="$DIR/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --leader-elect=false
+}
+
+containerd_up() {
+  mkdir -p "$DIR/containerd" "$RUN" "$DIR/cni" "$DIR/opt"
+  cat >"$DIR/cni/10-kvc.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "kvc", "plugins": [
+  {"type": "bridge", "bridge": "$POD_BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": "$DIR/cni-ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}
+]}
+EOF
+  cat >"$DIR/containerd.toml" <<EOF
+version = 2
+root = "$DIR/containerd"
+state = "$RUN/containerd"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[ttrpc]
+  address = "$RUN/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$DIR/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  netns_mounts_under_state_dir = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$DIR/cni"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = false
+EOF
+  start containerd "$(command -v containerd)" --config "$DIR/containerd.toml"
+  wait_for containerd 30 ctr -a "$CONTAINERD_SOCK" version
+  if ! ctr -a "$CONTAINERD_SOCK" -n k8s.io images check "name==$PAUSE_IMAGE" 2>/dev/null | grep -q "$PAUSE_IMAGE"; then
+    local tmp; tmp=$(mktemp -d)
+    (cd "$here/../.." && CGO_ENABLED=0 go build -o "$tmp/pause" ./e2e/localcluster/pause &&
+      go run ./e2e/localcluster/imgpack -tag "$PAUSE_IMAGE" -out "$tmp/pause.tar" -file "$tmp/pause=/pause" -entrypoint /pause)
+    import_image "$tmp/pause.tar"
+    rm -rf "$tmp"
+  fi
+}
+
+import_image() { ctr -a "$CONTAINERD_SOCK" -n k8s.io images import --no-unpack=false "$1" >/dev/null; }
+
+kubelet_up() {
+  mkdir -p "$DIR/kubelet"
+  : >"$DIR/resolv.conf" # pods never get the host's resolver
+  cat >"$DIR/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $DIR/pki/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $DIR/pki/kubelet.crt
+tlsPrivateKeyFile: $DIR/pki/kubelet.key
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+clusterDNS: [$NODE_IP]
+clusterDomain: cluster.local
+resolvConf: $DIR/resolv.conf
+evictionHard: {memory.available: "200Mi", nodefs.available: "2%", imagefs.available: "2%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+EOF
+  start kubelet "$(kube_bin kubelet)" --config="$DIR/kubelet.yaml" --kubeconfig="$DIR/kubelet.kubeconfig" \
+    --root-dir="$DIR/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP" --cert-dir="$DIR/kubelet/pki"
+  wait_for "the node" 120 node_ready
+}
+
+node_ready() { kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
+
+addons_up() {
+  cat >"$DIR/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection: {kubeconfig: $DIR/kube-proxy.kubeconfig}
+hostnameOverride: $NODE
+bindAddress: $NODE_IP
+clusterCIDR: $POD_NET
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["$NODE_IP/32"]
+conntrack: {maxPerCore: 0}
+EOF
+  start kube-proxy "$(kube_bin kube-proxy)" --config="$DIR/kube-proxy.yaml"
+
+  cat >"$DIR/Corefile" <<EOF
+.:53 {
+    bind $NODE_IP
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $DIR/kubeconfig
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    cache 10
+}
+EOF
+  start coredns "$("$here/build.sh" --print-dir coredns)/coredns" -conf "$DIR/Corefile"
+
+  mkdir -p "$DIR/volumes"
+  local prov="$DIR/bin/provisioner"
+  mkdir -p "$DIR/bin"
+  [ -x "$prov" ] || (cd "$here/../.." && CGO_ENABLED=0 go build -o "$prov" ./e2e/localcluster/provisioner)
+  start provisioner "$prov" --kubeconfig="$DIR/kubeconfig" --root="$DIR/volumes" --node="$NODE" --storage-class="$STORAGE_CLASS"
+  sleep 2
+  alive provisioner || die "the volume provisioner exited: $(tail -3 "$DIR/logs/provisioner.log")"
+  alive coredns || die "CoreDNS exited: $(tail -3 "$DIR/logs/coredns.log")"
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: $STORAGE_CLASS
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kvcluster.io/local-volume
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOF
+  wait_for "the default service account" 60 kubectl get serviceaccount default -n default
+}
+
+up() {
+  check_prereqs
+  if [ -f "$DIR/kubeconfig" ] && api_ready >/dev/null 2>&1 && node_ready 2>/dev/null &&
+    for p in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy coredns provisioner; do alive $p || exit 1; done; then
+    log "already up; kubeconfig: $DIR/kubeconfig"
+    return 0
+  fi
+  [ -d "$DIR" ] && { log "a previous cluster is partly up: taking it down first"; down; }
+  local t=$SECONDS
+  "$here/build.sh" envtest kubernetes coredns
+  mkdir -p "$DIR"
+  network_up
+  pki
+  control_plane_up
+  containerd_up
+  kubelet_up
+  addons_up
+  log "up in $((SECONDS - t))s; kubeconfig: $DIR/kubeconfig"
+}
+
+down() {
+  [ "$(id -u)" = 0 ] || die "needs root"
+  [ -d "$DIR" ] || [ -d "$RUN" ] || { network_down; return 0; }
+  for p in provisioner coredns kube-proxy kubelet; do stop $p; done
+  # Kill every container process: the pod cgroups list them, the shims are ours by their socket.
+  for hier in /sys/fs/cgroup/*/kubepods; do
+    [ -d "$hier" ] && find "$hier" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  done
+  pgrep -f "containerd-shim.*-address $CONTAINERD_SOCK" | xargs -r kill -9 2>/dev/null || true
+  stop containerd
+  for p in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop $p; done
+  [ -x "$(kube_bin kube-proxy)" ] && "$(kube_bin kube-proxy)" --cleanup >/dev/null 2>&1 || true
+  # Unmount what the kubelet and containerd mounted (deepest first).
+  awk -v d="$DIR" -v r="$RUN" '$2 ~ "^"d"/" || $2 ~ "^"r"/" || $2 == r {print $2}' /proc/mounts | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  for hier in /sys/fs/cgroup/*/kubepods; do
+    [ -d "$hier" ] && find "$hier" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  network_down
+  rm -rf "$RUN"
+  rm -rf "$DIR" "$DIR.apt.log"
+  log "down"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) api_ready >/dev/null && node_ready ;;
+  import) shift; for f in "$@"; do import_image "$f"; done ;;
+  *) echo "usage: $0 up|down|status|import TARBALL..." >&2; exit 2 ;;
+esac

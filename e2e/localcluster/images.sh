@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Packs the images the tests run into tarballs, without Docker: etcd (server, etcdctl, etcdutl in
+# /usr/local/bin, tagged like the official gcr.io/etcd-development/etcd images, so manifests are
+# the same here and on kind) and the operator (the binary `make build` makes, as the Dockerfile does).
+#
+#   images.sh OUTDIR OPERATOR_IMAGE OPERATOR_BINARY
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=$1 operator_image=$2 operator_bin=$3
+mkdir -p "$out"
+imgpack="$out/.imgpack"
+(cd "$here/../.." && CGO_ENABLED=0 go build -o "$imgpack" ./e2e/localcluster/imgpack)
+for v in 3.6.16 3.7.3; do
+  bin=$("$here/build.sh" --print-dir "etcd-$v")
+  "$here/build.sh" "etcd-$v"
+  tar="$out/etcd-v$v.tar"
+  # Rebuild only when a binary is newer than the tarball.
+  if [ ! -f "$tar" ] || [ -n "$(find "$bin" -newer "$tar" -type f)" ]; then
+    "$imgpack" -tag "gcr.io/etcd-development/etcd:v$v" -out "$tar" \
+      -file "$bin/etcd=/usr/local/bin/etcd" -file "$bin/etcdctl=/usr/local/bin/etcdctl" \
+      -file "$bin/etcdutl=/usr/local/bin/etcdutl" -entrypoint /usr/local/bin/etcd
+  fi
+done
+"$imgpack" -tag "$operator_image" -out "$out/operator.tar" \
+  -file "$operator_bin=/kvcluster-operator" -entrypoint /kvcluster-operator -user 65532:65532
+# netcheck proves from inside a pod that the local cluster is isolated (local cluster only).
+(cd "$here/../.." && CGO_ENABLED=0 go build -o "$out/.netcheck" ./e2e/localcluster/netcheck)
+"$imgpack" -tag kvcluster.io/netcheck:dev -out "$out/netcheck.tar" -file "$out/.netcheck=/netcheck" -entrypoint /netcheck -user 65532:65532
+ls "$out"/*.tar

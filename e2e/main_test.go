@@ -1,0 +1,101 @@
+//go:build e2e
+
+// Package e2e holds the end-to-end suite: real clusters, real pods, real etcd. The same suite runs
+//   - on kind (`make e2e`: E2E_KIND_CLUSTER names the cluster it creates, loading the operator image),
+//   - on the project's local cluster (`make e2e-local`), and
+//   - on any cluster given with --kubeconfig, with the operator image already available there.
+//
+// Its first step deploys the operator in-cluster from deploy/ and waits for it to be Ready.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
+	"sigs.k8s.io/e2e-framework/pkg/env"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+	"sigs.k8s.io/e2e-framework/pkg/envfuncs"
+	"sigs.k8s.io/e2e-framework/third_party/kind"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+const (
+	operatorNamespace  = "kvcluster-system"
+	operatorDeployment = "kvcluster-operator"
+	defaultImage       = "ghcr.io/kvcluster/kvcluster-operator:dev"
+)
+
+var (
+	testenv env.Environment
+	// localCluster is set on the project's own local cluster, where the isolation test applies.
+	localCluster = os.Getenv("E2E_LOCAL_CLUSTER") == "1"
+)
+
+func TestMain(m *testing.M) {
+	if err := kvv1.AddToScheme(scheme.Scheme); err != nil { // the framework's client uses client-go's scheme
+		panic(err)
+	}
+	cfg, err := envconf.NewFromFlags()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e flags:", err)
+		os.Exit(2)
+	}
+	testenv = env.NewWithConfig(cfg)
+
+	if name := os.Getenv("E2E_KIND_CLUSTER"); name != "" && cfg.KubeconfigFile() == "" {
+		image := envOr("OPERATOR_IMAGE", defaultImage)
+		testenv.Setup(
+			envfuncs.CreateClusterWithConfig(kind.NewProvider(), name, "kind-config.yaml"),
+			envfuncs.LoadImageToCluster(name, image),
+		)
+		testenv.Finish(envfuncs.DestroyCluster(name))
+	} else if cfg.KubeconfigFile() == "" {
+		fmt.Fprintln(os.Stderr, "e2e: give --kubeconfig, or set E2E_KIND_CLUSTER to create a kind cluster (make e2e / make e2e-local do)")
+		os.Exit(2)
+	}
+	testenv.Setup(deployOperator)
+	os.Exit(testenv.Run(m))
+}
+
+// deployOperator applies deploy/default (CRD, RBAC, manager) and waits for the manager to be Available.
+func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, error) {
+	out, err := kubectl(cfg, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join("..", "deploy", "default"))
+	if err != nil {
+		return ctx, fmt.Errorf("deploy the operator from deploy/default: %v\n%s", err, out)
+	}
+	dep := &appsv1.Deployment{}
+	dep.Name, dep.Namespace = operatorDeployment, operatorNamespace
+	err = wait.For(conditions.New(cfg.Client().Resources()).DeploymentConditionMatch(dep, appsv1.DeploymentAvailable, "True"),
+		wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
+	if err != nil {
+		logs, _ := kubectl(cfg, "-n", operatorNamespace, "describe", "pods")
+		return ctx, fmt.Errorf("the operator did not become Available: %v\n%s", err, logs)
+	}
+	return ctx, nil
+}
+
+func kubectl(cfg *envconf.Config, args ...string) (string, error) {
+	cmd := exec.Command(envOr("KUBECTL", "kubectl"), append([]string{"--kubeconfig", cfg.KubeconfigFile()}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
