@@ -310,6 +310,7 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		{"too many partitions", func(k *kvv1.KVCluster) { k.Spec.Partitions = 10 }, "less than or equal to 9"},
 		{"6-field cron", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0 0 3 * * *" }, "exactly 5 fields"},
 		{"cron word", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "daily" }, "exactly 5 fields"},
+		{"@every has no slots", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "@every 5m" }, "@every are not accepted"},
 		{"tiny volume", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("10Mi") }, "at least 64Mi"},
 		{"bad storage class", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "Fast_SSD" }, "storageClassName"},
 		{"bad repository", func(k *kvv1.KVCluster) { k.Spec.Repository = "My Registry/etcd" }, "spec.repository"},

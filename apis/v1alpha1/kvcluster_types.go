@@ -31,11 +31,14 @@ type KVClusterSpec struct {
 	Partitions int32 `json:"partitions"`
 
 	// BackupSchedule is a standard 5-field cron expression (minute hour day-of-month month
-	// day-of-week) or a descriptor such as "@daily", in UTC. Empty means no scheduled backups.
+	// day-of-week), e.g. "0 3 * * *", or one of @yearly, @monthly, @weekly, @daily, @hourly; in UTC
+	// unless a time zone is given. Empty means no scheduled backups. As with Kubernetes CronJobs, a
+	// wall-clock time skipped by a daylight-saving change has no slot that day, and one repeated by
+	// it has two.
 	//
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:XValidation:rule="self == '' || self.startsWith('@') || self.matches('^(CRON_TZ=[^ ]+ +)?[^ ]+( +[^ ]+){4}$')",message="backupSchedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be a descriptor such as '@daily'; 6-field (seconds) schedules are not accepted"
+	// +kubebuilder:validation:XValidation:rule="self == '' || self.matches('^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$') || self.matches('^((CRON_)?TZ=[^ ]+ +)?[^ @]+( +[^ ]+){4}$')",message="backupSchedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
 	BackupSchedule string `json:"backupSchedule,omitempty"`
 
 	// Repository is the container image repository for etcd; the image is

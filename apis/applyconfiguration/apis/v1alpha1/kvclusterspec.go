@@ -18,7 +18,10 @@ type KVClusterSpecApplyConfiguration struct {
 	// the most failures per member: 3 survive one failure, 5 survive two.
 	Partitions *int32 `json:"partitions,omitempty"`
 	// BackupSchedule is a standard 5-field cron expression (minute hour day-of-month month
-	// day-of-week) or a descriptor such as "@daily", in UTC. Empty means no scheduled backups.
+	// day-of-week), e.g. "0 3 * * *", or one of @yearly, @monthly, @weekly, @daily, @hourly; in UTC
+	// unless a time zone is given. Empty means no scheduled backups. As with Kubernetes CronJobs, a
+	// wall-clock time skipped by a daylight-saving change has no slot that day, and one repeated by
+	// it has two.
 	BackupSchedule *string `json:"backupSchedule,omitempty"`
 	// Repository is the container image repository for etcd; the image is
 	// "<repository>:v<version>". Defaults to the operator's --etcd-repository

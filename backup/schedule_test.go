@@ -1,0 +1,116 @@
+package backup
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func at(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+func TestParseRejectsBadSchedules(t *testing.T) {
+	now := at("2026-11-30T12:00:00Z")
+	tests := []struct {
+		expr, tz, wantErr string
+	}{
+		{"", "", "empty spec string"},
+		{"0 0 3 * * *", "", "expected exactly 5 fields"}, // a seconds field would turn daily into hourly
+		{"daily", "", "expected exactly 5 fields"},
+		{"61 * * * *", "", "end of range (61) above maximum (59)"},
+		{"59 23 31 2 *", "", "never fires"}, // February 31st
+		{"0 0 30 2 *", "", "never fires"},
+		{"TZ=0", "", "invalid schedule"}, // robfig/cron panics on this one
+		{"TZ=Mars/Olympus 0 3 * * *", "", "invalid schedule"},
+		{"0 3 * * *", "Mars/Olympus", "unknown time zone"},
+		{"CRON_TZ=UTC 0 3 * * *", "Europe/Berlin", "both in the schedule and in the time zone field"},
+		{"@every 5m", "", "@every has no fixed slots"},
+		{"@fortnightly", "", "unrecognized descriptor"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.expr, func(t *testing.T) {
+			_, err := Parse(tt.expr, tt.tz, now)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Parse(%q, %q) error = %v, want one containing %q", tt.expr, tt.tz, err, tt.wantErr)
+			}
+		})
+	}
+	if _, err := Parse("59 23 31 2 *", "", now); !errors.Is(err, ErrNeverFires) {
+		t.Errorf("a never-firing schedule must wrap ErrNeverFires, got %v", err)
+	}
+}
+
+func TestMostRecentSlot(t *testing.T) {
+	tests := []struct {
+		name             string
+		expr, tz         string
+		after, now       string
+		deadline         time.Duration
+		wantSlot         string // "" = none due
+		wantSkipped      int
+		wantNextAfterNow string
+	}{
+		{"every minute, none due yet", "* * * * *", "", "2026-11-30T12:00:00Z", "2026-11-30T12:00:30Z", 0, "", 0, "2026-11-30T12:01:00Z"},
+		{"every minute, exactly one due", "* * * * *", "", "2026-11-30T12:00:00Z", "2026-11-30T12:01:00Z", 0, "2026-11-30T12:01:00Z", 0, "2026-11-30T12:02:00Z"},
+		{"every minute, many missed: only the latest runs", "* * * * *", "", "2026-11-30T12:00:00Z", "2026-11-30T12:05:10Z", 0, "2026-11-30T12:05:00Z", 4, "2026-11-30T12:06:00Z"},
+		{"hourly, one due", "0 * * * *", "", "2026-11-30T11:00:00Z", "2026-11-30T12:30:00Z", 0, "2026-11-30T12:00:00Z", 0, "2026-11-30T13:00:00Z"},
+		{"@daily, one missed and one due", "@daily", "", "2026-11-28T00:00:00Z", "2026-11-30T05:00:00Z", 0, "2026-11-30T00:00:00Z", 1, "2026-12-01T00:00:00Z"},
+		{"@hourly descriptor", "@hourly", "", "2026-11-30T11:00:00Z", "2026-11-30T11:59:59Z", 0, "", 0, "2026-11-30T12:00:00Z"},
+		{"starting deadline: latest slot still fresh", "0 * * * *", "", "2026-11-30T00:00:00Z", "2026-11-30T03:20:00Z", 30 * time.Minute, "2026-11-30T03:00:00Z", 2, "2026-11-30T04:00:00Z"},
+		{"starting deadline: latest slot too old", "0 * * * *", "", "2026-11-30T00:00:00Z", "2026-11-30T03:45:00Z", 30 * time.Minute, "", 3, "2026-11-30T04:00:00Z"},
+		{"starting deadline: a year down, every minute, bounded work", "* * * * *", "", "2025-11-30T00:00:00Z", "2026-11-30T00:00:30Z", time.Minute, "2026-11-30T00:00:00Z", maxCountedSkips, "2026-11-30T00:01:00Z"},
+		{"time zone: 03:00 Berlin is 02:00 UTC in winter", "0 3 * * *", "Europe/Berlin", "2026-11-29T02:00:00Z", "2026-11-30T02:00:00Z", 0, "2026-11-30T02:00:00Z", 0, "2026-12-01T02:00:00Z"},
+		{"time zone in the expression", "CRON_TZ=America/New_York 0 3 * * *", "", "2026-11-29T08:00:00Z", "2026-11-30T08:00:00Z", 0, "2026-11-30T08:00:00Z", 0, "2026-12-01T08:00:00Z"},
+		// 2026-03-29: Berlin springs forward at 02:00 CET to 03:00 CEST, so 02:30 does not exist.
+		// Like Kubernetes CronJobs (same library), a wall-clock time that does not exist that day
+		// has no slot: that day's backup is skipped, the next day's runs. Documented in the API.
+		{"DST spring forward: the nonexistent 02:30 is skipped that day", "30 2 * * *", "Europe/Berlin", "2026-03-28T01:30:00Z", "2026-03-29T12:00:00Z", 0, "", 0, "2026-03-30T00:30:00Z"},
+		// 2026-10-25: Berlin falls back at 03:00 CEST to 02:00 CET, so 02:30 happens twice.
+		// A wall-clock time that happens twice has two slots, an hour apart (one extra backup).
+		{"DST fall back: the repeated 02:30 has two slots", "30 2 * * *", "Europe/Berlin", "2026-10-24T00:30:00Z", "2026-10-25T12:00:00Z", 0, "2026-10-25T01:30:00Z", 1, "2026-10-26T01:30:00Z"},
+		{"DST fall back: the first 02:30 (CEST) is a slot of its own", "30 2 * * *", "Europe/Berlin", "2026-10-24T00:30:00Z", "2026-10-25T01:00:00Z", 0, "2026-10-25T00:30:00Z", 0, "2026-10-25T01:30:00Z"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := at(tt.now)
+			s, err := Parse(tt.expr, tt.tz, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slot, skipped := s.MostRecentSlot(at(tt.after), now, tt.deadline)
+			var want time.Time
+			if tt.wantSlot != "" {
+				want = at(tt.wantSlot)
+			}
+			if !slot.Equal(want) || skipped != tt.wantSkipped {
+				t.Errorf("MostRecentSlot = %v, skipped %d; want %v, skipped %d", slot.UTC(), skipped, want, tt.wantSkipped)
+			}
+			if next := s.Next(now); !next.Equal(at(tt.wantNextAfterNow)) {
+				t.Errorf("Next(now) = %v, want %s", next.UTC(), tt.wantNextAfterNow)
+			}
+		})
+	}
+}
+
+func TestJobNameIsDeterministicAndFitsALabel(t *testing.T) {
+	slot := at("2026-11-30T03:00:00Z")
+	if a, b := JobName("kv", slot), JobName("kv", slot.Add(30*time.Second)); a != b {
+		t.Errorf("the same slot gave two names: %s, %s", a, b)
+	}
+	if a, b := JobName("kv", slot), JobName("kv", slot.Add(time.Minute)); a == b {
+		t.Errorf("two slots gave one name: %s", a)
+	}
+	if got := JobName("kv", slot); got != "kv-29933460" { // 2026-11-30T03:00Z in Unix minutes
+		t.Errorf("JobName = %s", got)
+	}
+	longest := JobName(strings.Repeat("a", 52), at("2099-12-31T23:59:00Z"))
+	if len(longest) > 63 {
+		t.Errorf("%s is %d characters, more than a label value allows", longest, len(longest))
+	}
+}
