@@ -8,6 +8,7 @@ COPY Makefile ./
 COPY apis/ apis/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
+COPY backup/ backup/
 RUN make build
 
 FROM gcr.io/distroless/static:nonroot

@@ -52,7 +52,7 @@ tools: ## build (or reuse from the cache) every pinned binary the tests need
 
 .PHONY: tools-test
 tools-test: ## build (or reuse) what 'make test' needs
-	$(BUILD_TOOLS) envtest kubernetes coredns
+	$(BUILD_TOOLS) envtest kubernetes coredns versitygw
 
 .PHONY: envtest-assets
 envtest-assets:
@@ -94,8 +94,11 @@ run: ## the main job: the operator managing a sample 3-member KVCluster, on the 
 test: verify-generated vet test-unit e2e-local ## the whole suite: generated code, unit tests, envtest, e2e on the local cluster
 
 .PHONY: test-unit
-test-unit: envtest-assets ## unit tests and envtest (a real kube-apiserver and etcd, no kubelet)
-	KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" go test $(GO_TEST_FLAGS) ./...
+test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3
+	$(BUILD_TOOLS) versitygw
+	KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
+	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-3.7.3)" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
+	  go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: e2e-local
 e2e-local: ## e2e on the project's local cluster: up, import images, deploy from deploy/, run the suite, down

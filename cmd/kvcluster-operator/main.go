@@ -1,4 +1,5 @@
-// Command kvcluster-operator runs the KVCluster controller manager.
+// Command kvcluster-operator runs the KVCluster controller manager; `kvcluster-operator backup`
+// is the program backup Jobs run.
 package main
 
 import (
@@ -27,6 +28,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "backup" {
+		os.Exit(runBackup(os.Args[2:]))
+	}
 	var (
 		metricsAddr    = flag.String("metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
 		probeAddr      = flag.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz probes bind to")

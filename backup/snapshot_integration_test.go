@@ -1,0 +1,251 @@
+package backup
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// These tests run the backup against real processes: etcd (KVC_ETCD_DIR holds etcd and etcdutl)
+// and versitygw, an S3 gateway (KVC_VERSITYGW). `make test` builds and passes both.
+
+func requireBinary(t *testing.T, env, name string) string {
+	t.Helper()
+	dir := os.Getenv(env)
+	if dir == "" {
+		t.Fatalf("%s is not set: run the tests with 'make test' (it builds etcd and versitygw)", env)
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s: %v", p, err)
+	}
+	return p
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func startProcess(t *testing.T, name string, bin string, args ...string) {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			out, _ := os.ReadFile(logf.Name())
+			t.Logf("%s log:\n%s", name, lastLines(string(out), 20))
+		}
+	})
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// startEtcd runs a one-member etcd on a data dir and returns its client URL.
+func startEtcd(t *testing.T, etcd, dataDir, name string) string {
+	t.Helper()
+	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	startProcess(t, "etcd-"+name, etcd, "--name="+name, "--data-dir="+dataDir,
+		"--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
+		"--initial-cluster="+name+"="+peer, "--unsafe-no-fsync")
+	waitFor(t, "etcd", func() bool {
+		resp, err := http.Get(client + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	return client
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if ok() {
+			return
+		}
+	}
+	t.Fatalf("%s did not come up", what)
+}
+
+type s3Server struct {
+	endpoint, access, secret string
+	client                   *minio.Client
+}
+
+func startS3(t *testing.T) s3Server {
+	t.Helper()
+	gw := requireBinary(t, "KVC_VERSITYGW", "versitygw")
+	root := t.TempDir()
+	s := s3Server{endpoint: fmt.Sprintf("127.0.0.1:%d", freePort(t)), access: "backup-test", secret: "backup-test-secret"}
+	startProcess(t, "versitygw", gw, "--port", s.endpoint, "--access", s.access, "--secret", s.secret, "--region", "us-east-1", "posix", root)
+	var err error
+	s.client, err = minio.New(s.endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.access, s.secret, ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "versitygw", func() bool {
+		return s.client.MakeBucket(context.Background(), "backups", minio.MakeBucketOptions{Region: "us-east-1"}) == nil
+	})
+	return s
+}
+
+func (s s3Server) dest(key string) S3 {
+	return S3{Endpoint: s.endpoint, Bucket: "backups", Key: key, Region: "us-east-1", Insecure: true, AccessKey: s.access, SecretKey: s.secret}
+}
+
+func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
+	etcd := requireBinary(t, "KVC_ETCD_DIR", "etcd")
+	etcdutl := requireBinary(t, "KVC_ETCD_DIR", "etcdutl")
+	ctx := context.Background()
+	s3 := startS3(t)
+	endpoint := startEtcd(t, etcd, t.TempDir(), "source")
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	want := map[string]string{}
+	for i := range 200 {
+		k, v := fmt.Sprintf("key/%03d", i), strings.Repeat(fmt.Sprint(i), 100)
+		if _, err := cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+		want[k] = v
+	}
+
+	clock := func() time.Time { return time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC) }
+	res, err := Take(ctx, []string{"http://127.0.0.1:1", endpoint}, s3.dest("prod/kv/kv-29933460.db"), clock)
+	if err != nil {
+		t.Fatalf("backup: %v", err)
+	}
+	if res.Member != endpoint || res.Revision < 201 || res.EtcdVersion == "" || res.Size < 4096 {
+		t.Errorf("result = %+v", res)
+	}
+
+	// The object's sha256 is what the backup reported, and the metadata beside it says the same.
+	data := download(t, s3, "prod/kv/kv-29933460.db")
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != res.SHA256 || int64(len(data)) != res.Size {
+		t.Errorf("stored object sha256 %x size %d, reported %s size %d", sum, len(data), res.SHA256, res.Size)
+	}
+	var meta Result
+	if err := json.Unmarshal(download(t, s3, "prod/kv/kv-29933460.db"+MetadataSuffix), &meta); err != nil {
+		t.Fatal(err)
+	}
+	if meta.SHA256 != res.SHA256 || meta.Revision != res.Revision || meta.Location != "s3://backups/prod/kv/kv-29933460.db" {
+		t.Errorf("metadata = %+v, result = %+v", meta, res)
+	}
+
+	// The snapshot restores (etcdutl checks etcd's own hash trailer) into the same keys.
+	snapFile := filepath.Join(t.TempDir(), "snap.db")
+	if err := os.WriteFile(snapFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restored := filepath.Join(t.TempDir(), "restored")
+	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	out, err := exec.Command(etcdutl, "snapshot", "restore", snapFile, "--data-dir", restored, "--name", "restored",
+		"--initial-cluster", "restored="+peer, "--initial-advertise-peer-urls", peer).CombinedOutput()
+	if err != nil {
+		t.Fatalf("etcdutl snapshot restore: %v\n%s", err, out)
+	}
+	restoredEndpoint := startEtcd(t, etcd, restored, "restored")
+	rcli, err := clientv3.New(clientv3.Config{Endpoints: []string{restoredEndpoint}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rcli.Close()
+	got, err := rcli.Get(ctx, "key/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Kvs) != len(want) {
+		t.Fatalf("restored %d keys, want %d", len(got.Kvs), len(want))
+	}
+	for _, kv := range got.Kvs {
+		if want[string(kv.Key)] != string(kv.Value) {
+			t.Errorf("restored %s = %.20q…", kv.Key, kv.Value)
+		}
+	}
+
+	// A second backup to the same object is refused and leaves the first one intact.
+	_, err = Take(ctx, []string{endpoint}, s3.dest("prod/kv/kv-29933460.db"), clock)
+	if !errors.Is(err, ErrObjectExists) {
+		t.Fatalf("second backup to the same key: %v, want ErrObjectExists", err)
+	}
+	if again := download(t, s3, "prod/kv/kv-29933460.db"); sha256.Sum256(again) != sha256.Sum256(data) {
+		t.Error("the refused backup changed the existing object")
+	}
+}
+
+func TestBackupErrorsSayWhatIsWrong(t *testing.T) {
+	etcd := requireBinary(t, "KVC_ETCD_DIR", "etcd")
+	ctx := context.Background()
+	s3 := startS3(t)
+	endpoint := startEtcd(t, etcd, t.TempDir(), "errs")
+	clock := time.Now
+
+	bad := s3.dest("kv/wrong-secret.db")
+	bad.SecretKey = "not-the-secret"
+	if _, err := Take(ctx, []string{endpoint}, bad, clock); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
+		t.Errorf("wrong secret: %v", err)
+	}
+	noBucket := s3.dest("kv/x.db")
+	noBucket.Bucket = "missing"
+	if _, err := Take(ctx, []string{endpoint}, noBucket, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
+		t.Errorf("missing bucket: %v", err)
+	}
+	if _, err := Take(ctx, []string{"http://127.0.0.1:1"}, s3.dest("kv/y.db"), clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
+		t.Errorf("no member: %v", err)
+	}
+}
+
+func download(t *testing.T, s s3Server, key string) []byte {
+	t.Helper()
+	obj, err := s.client.GetObject(context.Background(), "backups", key, minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obj.Close()
+	data, err := io.ReadAll(obj)
+	if err != nil {
+		t.Fatalf("download %s: %v", key, err)
+	}
+	return data
+}
