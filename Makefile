@@ -34,7 +34,7 @@ generate: ## regenerate deepcopy, apply configurations, CRD and RBAC from the Go
 .PHONY: verify-generated
 verify-generated: generate ## fail when generated files are not checked in up to date
 	@git diff --exit-code -- apis deploy/crd deploy/rbac deploy/argocd || { echo "generated files are out of date: run 'make generate' and commit" >&2; exit 1; }
-	@test -z "$$(git status --porcelain -- apis deploy/crd deploy/rbac)" || { git status --porcelain -- apis deploy/crd deploy/rbac; echo "untracked generated files: run 'make generate' and commit" >&2; exit 1; }
+	@test -z "$$(git status --porcelain -- apis deploy/crd deploy/rbac | grep '^??')" || { git status --porcelain -- apis deploy/crd deploy/rbac | grep '^??'; echo "untracked generated files: run 'make generate' and commit" >&2; exit 1; }
 
 .PHONY: vet
 vet: ## gofmt and go vet
@@ -115,4 +115,5 @@ e2e-kubeconfig: ## e2e on an existing cluster: make e2e-kubeconfig KUBECONFIG=..
 e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, creates a kind cluster, loads it, runs the suite
 	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
 	docker build -t $(IMAGE) .
+	docker build -t kvcluster.io/versitygw:dev -f e2e/s3.Dockerfile e2e
 	PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) go test -tags e2e $(E2E_FLAGS) ./e2e/

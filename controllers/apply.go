@@ -2,11 +2,11 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1ac "github.com/kvcluster/kvcluster-operator/apis/applyconfiguration/apis/v1alpha1"
@@ -37,7 +37,11 @@ func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Cont
 // applyStatus writes the whole status with server-side apply on the status subresource, unless the
 // status our manager owns already equals it.
 func applyStatus(ctx context.Context, c client.Client, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) error {
-	desired := kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithStatus(statusApplyConfiguration(st))
+	sac, err := statusApplyConfiguration(st)
+	if err != nil {
+		return fmt.Errorf("status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
+	}
+	desired := kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithStatus(sac)
 	if owned, err := kvv1ac.ExtractKVClusterStatus(kvc, specs.FieldManager); err == nil &&
 		equality.Semantic.DeepEqual(owned.Status, desired.Status) {
 		return nil
@@ -48,59 +52,19 @@ func applyStatus(ctx context.Context, c client.Client, kvc *kvv1.KVCluster, st k
 	return nil
 }
 
-// statusApplyConfiguration turns a status into its apply configuration. Zero values are left out,
-// as the API's omitempty tags leave them out of the stored object; sending them would make the
-// owned and the desired status differ forever and turn every reconcile into a write.
-func statusApplyConfiguration(st kvv1.KVClusterStatus) *kvv1ac.KVClusterStatusApplyConfiguration {
-	ac := kvv1ac.KVClusterStatus()
-	if st.ObservedGeneration != 0 {
-		ac.WithObservedGeneration(st.ObservedGeneration)
+// statusApplyConfiguration turns a status into its apply configuration through its JSON form.
+// Every field of KVClusterStatus is omitempty, a pointer, or always set, so the JSON is exactly
+// what the API server stores and what Extract reads back: zero values are not sent (which would
+// make owned and desired differ for ever), and no field is forgotten when the API grows. (Marshalling
+// typed objects is unsafe for ObjectMeta's zero values; the status has none.)
+func statusApplyConfiguration(st kvv1.KVClusterStatus) (*kvv1ac.KVClusterStatusApplyConfiguration, error) {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return nil, err
 	}
-	if st.Phase != "" {
-		ac.WithPhase(st.Phase)
+	ac := &kvv1ac.KVClusterStatusApplyConfiguration{}
+	if err := json.Unmarshal(data, ac); err != nil {
+		return nil, err
 	}
-	if st.ReadyPartitions != 0 {
-		ac.WithReadyPartitions(st.ReadyPartitions)
-	}
-	if st.CurrentVersion != "" {
-		ac.WithCurrentVersion(st.CurrentVersion)
-	}
-	if st.LastBackupTime != nil {
-		ac.WithLastBackupTime(*st.LastBackupTime)
-	}
-	if st.LastProgressTime != nil {
-		ac.WithLastProgressTime(*st.LastProgressTime)
-	}
-	if st.ClientEndpoint != "" {
-		ac.WithClientEndpoint(st.ClientEndpoint)
-	}
-	for _, m := range st.Members {
-		mac := kvv1ac.MemberStatus().WithName(m.Name).WithID(m.ID)
-		if m.Version != "" {
-			mac.WithVersion(m.Version)
-		}
-		if m.Leader {
-			mac.WithLeader(true)
-		}
-		if m.Learner {
-			mac.WithLearner(true)
-		}
-		if m.Healthy {
-			mac.WithHealthy(true)
-		}
-		ac.WithMembers(mac)
-	}
-	for _, cond := range st.Conditions {
-		cac := metav1ac.Condition().
-			WithType(cond.Type).
-			WithStatus(cond.Status).
-			WithReason(cond.Reason).
-			WithMessage(cond.Message).
-			WithLastTransitionTime(cond.LastTransitionTime)
-		if cond.ObservedGeneration != 0 {
-			cac.WithObservedGeneration(cond.ObservedGeneration)
-		}
-		ac.WithConditions(cac)
-	}
-	return ac
+	return ac, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,9 +36,13 @@ type KVClusterReconciler struct {
 	Clock   clock.PassiveClock
 	// EtcdRepository is the image repository used when a KVCluster does not name one.
 	EtcdRepository string
+	// BackupImage is the operator's own image, which backup Jobs run.
+	BackupImage string
 }
 
-// +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters/status,verbs=get;patch
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
@@ -52,17 +57,25 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !kvc.DeletionTimestamp.IsZero() {
-		// Owned objects carry a controller reference; the garbage collector removes them.
-		return ctrl.Result{}, nil
+		// The final backup runs first; then the garbage collector removes the owned objects.
+		return r.finalBackup(ctx, &kvc)
 	}
 	log := log.FromContext(ctx)
+	now := r.Clock.Now()
 
+	if err := r.syncFinalizer(ctx, &kvc); err != nil {
+		return ctrl.Result{}, err
+	}
 	sts, err := r.applyChildren(ctx, &kvc)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	obs := r.observe(ctx, &kvc, sts)
-	status, v := decide(&kvc, obs, specs.ClientEndpoint(&kvc), r.Clock.Now())
+	status, v := decide(&kvc, obs, specs.ClientEndpoint(&kvc), now)
+	untilBackup, err := r.reconcileBackups(ctx, &kvc, &status, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	if err := applyStatus(ctx, r.Client, &kvc, status); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -74,7 +87,11 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		r.Recorder.Eventf(&kvc, nil, eventType, v.reason, "Phase"+string(v.phase), "%s", v.message)
 	}
-	return ctrl.Result{RequeueAfter: v.requeueAfter}, nil
+	requeue := v.requeueAfter
+	if untilBackup > 0 && untilBackup < requeue {
+		requeue = untilBackup
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
 // applyChildren applies every object the cluster owns and returns the cached StatefulSet (empty
@@ -144,6 +161,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
+		Owns(&batchv1.Job{}).
 		Named("kvcluster").
 		Complete(r)
 }

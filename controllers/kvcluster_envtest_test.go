@@ -292,7 +292,7 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 	h := newHarness(t)
 	ns := h.namespace("admission")
 	ctx := context.Background()
-	valid := func(name string) *kvv1.KVCluster { return newKVCluster(ns, name, 3) }
+	valid := func(name string) *kvv1.KVCluster { return withBackups(newKVCluster(ns, name, 3), "0 3 * * *") }
 
 	createCases := []struct {
 		name    string
@@ -318,6 +318,15 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		{"name too long", func(k *kvv1.KVCluster) { k.Name = strings.Repeat("a", 53) }, "at most 52 characters"},
 		{"name with a dot", func(k *kvv1.KVCluster) { k.Name = "kv.prod" }, "must be a DNS label"},
 		{"name starting with a digit", func(k *kvv1.KVCluster) { k.Name = "1kv" }, "must be a DNS label"},
+		{"schedule without a destination", func(k *kvv1.KVCluster) { k.Spec.Backup = nil }, "backupSchedule needs spec.backup.s3"},
+		{"S3 endpoint with a scheme", func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Endpoint = "https://s3.example.com" }, "without a scheme"},
+		{"S3 bucket with capitals", func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Bucket = "My_Bucket" }, "spec.backup.s3.bucket"},
+		{"S3 prefix with a slash", func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Prefix = "/backups/" }, "must not start or end with '/'"},
+		{"S3 without credentials", func(k *kvv1.KVCluster) { k.Spec.Backup.S3.CredentialsSecret = "" }, "credentialsSecret"},
+		{"unknown final backup policy", func(k *kvv1.KVCluster) { k.Spec.Backup.FinalBackup = "Maybe" }, "Unsupported value"},
+		{"starting deadline too short", func(k *kvv1.KVCluster) { k.Spec.Backup.StartingDeadlineSeconds = 5 }, "greater than or equal to 60"},
+		{"ok: no backups at all", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule, k.Spec.Backup = "", nil }, ""},
+		{"ok: final backup only", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "" }, ""},
 		{"ok: 3.6 patch", func(k *kvv1.KVCluster) { k.Spec.Version = "3.6.16" }, ""},
 		{"ok: descriptor", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "@daily" }, ""},
 		{"ok: step cron", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "*/5 * * * *" }, ""},

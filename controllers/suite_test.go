@@ -137,7 +137,8 @@ func newHarness(t *testing.T) *harness {
 	}
 	h := &harness{t: t, client: c, members: &fakeMembers{}, clock: clocktesting.NewFakePassiveClock(time.Now()),
 		recorder: events.NewFakeRecorder(100)}
-	h.r = &KVClusterReconciler{Client: c, Recorder: h.recorder, Members: h.members, Clock: h.clock}
+	h.r = &KVClusterReconciler{Client: c, Recorder: h.recorder, Members: h.members, Clock: h.clock,
+		BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test"}
 	return h
 }
 

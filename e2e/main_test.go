@@ -58,6 +58,7 @@ func TestMain(m *testing.M) {
 		testenv.Setup(
 			envfuncs.CreateClusterWithConfig(kind.NewProvider(), name, "kind-config.yaml"),
 			envfuncs.LoadImageToCluster(name, image),
+			envfuncs.LoadImageToCluster(name, "kvcluster.io/versitygw:dev"),
 		)
 		testenv.Finish(envfuncs.DestroyCluster(name))
 	} else if cfg.KubeconfigFile() == "" {

@@ -16,6 +16,10 @@ import (
 func ForKind(kind schema.GroupVersionKind) interface{} {
 	switch kind {
 	// Group=kvcluster.io, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithKind("BackupRecord"):
+		return &apisv1alpha1.BackupRecordApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("BackupSpec"):
+		return &apisv1alpha1.BackupSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("KVCluster"):
 		return &apisv1alpha1.KVClusterApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("KVClusterSpec"):
@@ -24,6 +28,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.KVClusterStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("MemberStatus"):
 		return &apisv1alpha1.MemberStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("S3Destination"):
+		return &apisv1alpha1.S3DestinationApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StorageSpec"):
 		return &apisv1alpha1.StorageSpecApplyConfiguration{}
 

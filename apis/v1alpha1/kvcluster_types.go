@@ -8,6 +8,7 @@ import (
 
 // KVClusterSpec is the desired state of an etcd-backed key-value cluster.
 //
+// +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup.s3: where the backups go"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.partitions) || self.partitions == oldSelf.partitions",message="partitions cannot be changed yet: this operator release does not add or remove etcd members; create a new KVCluster (restored from a backup) with the size you need"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.version) || self.version == oldSelf.version",message="version cannot be changed yet: this operator release does not perform rolling upgrades; create a new KVCluster (restored from a backup) on the new version"
 type KVClusterSpec struct {
@@ -38,8 +39,14 @@ type KVClusterSpec struct {
 	//
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:XValidation:rule="self == '' || self.matches('^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$') || self.matches('^((CRON_)?TZ=[^ ]+ +)?[^ @]+( +[^ ]+){4}$')",message="backupSchedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
+	// +kubebuilder:validation:XValidation:rule="self.size() == 0 || self.matches('^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$') || self.matches('^((CRON_)?TZ=[^ ]+ +)?[^ @]+( +[^ ]+){4}$')",message="backupSchedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
 	BackupSchedule string `json:"backupSchedule,omitempty"`
+
+	// Backup says where backups go (scheduled ones and the final one taken when the KVCluster is
+	// deleted), how long they are kept, and what happens on deletion.
+	//
+	// +optional
+	Backup *BackupSpec `json:"backup,omitempty"`
 
 	// Repository is the container image repository for etcd; the image is
 	// "<repository>:v<version>". Defaults to the operator's --etcd-repository
@@ -69,6 +76,163 @@ type KVClusterSpec struct {
 	// +kubebuilder:validation:Minimum=30
 	// +kubebuilder:validation:Maximum=86400
 	ProgressDeadlineSeconds int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+// BackupSpec configures backups.
+type BackupSpec struct {
+	// S3 is the S3-compatible bucket the snapshots are written to, as
+	// <prefix>/<namespace>/<name>/<job name>.db with metadata beside each.
+	//
+	// +required
+	S3 S3Destination `json:"s3"`
+
+	// TimeZone of backupSchedule, an IANA name such as "Europe/Berlin". Default: UTC.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	TimeZone string `json:"timeZone,omitempty"`
+
+	// StartingDeadlineSeconds: a slot missed (e.g. while the operator was down) still runs if it is
+	// at most this late; only the most recent missed slot ever runs.
+	//
+	// +optional
+	// +kubebuilder:default=3600
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=86400
+	StartingDeadlineSeconds int32 `json:"startingDeadlineSeconds,omitempty"`
+
+	// Suspend pauses scheduled backups; the final backup still follows finalBackup.
+	//
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+
+	// KeepLast is how many Jobs of successful backups are kept (failed ones: the last one).
+	//
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	KeepLast int32 `json:"keepLast,omitempty"`
+
+	// FinalBackup is Take (default) to snapshot the cluster when the KVCluster is deleted, before
+	// its members go, or Skip. The annotation kvcluster.io/skip-final-backup: "true" skips it for
+	// one deletion, e.g. in an emergency.
+	//
+	// +optional
+	// +kubebuilder:default=Take
+	FinalBackup FinalBackupPolicy `json:"finalBackup,omitempty"`
+
+	// FinalBackupTimeoutSeconds bounds the wait for the final backup.
+	//
+	// +optional
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:Minimum=30
+	// +kubebuilder:validation:Maximum=86400
+	FinalBackupTimeoutSeconds int32 `json:"finalBackupTimeoutSeconds,omitempty"`
+
+	// OnFinalBackupFailure is Proceed (default): when the final backup fails, times out or cannot
+	// start (e.g. the namespace is being deleted), the deletion goes on with a Warning event saying
+	// what was lost, so a namespace teardown or a GitOps prune never hangs. Block keeps the
+	// KVCluster (and its data) until the backup succeeds or a person removes the finalizer.
+	//
+	// +optional
+	// +kubebuilder:default=Proceed
+	OnFinalBackupFailure FinalBackupFailurePolicy `json:"onFinalBackupFailure,omitempty"`
+}
+
+// FinalBackupPolicy says whether a final backup is taken on deletion.
+//
+// +kubebuilder:validation:Enum=Take;Skip
+type FinalBackupPolicy string
+
+const (
+	FinalBackupTake FinalBackupPolicy = "Take"
+	FinalBackupSkip FinalBackupPolicy = "Skip"
+)
+
+// FinalBackupFailurePolicy says what a failed final backup does to the deletion.
+//
+// +kubebuilder:validation:Enum=Proceed;Block
+type FinalBackupFailurePolicy string
+
+const (
+	FinalBackupProceed FinalBackupFailurePolicy = "Proceed"
+	FinalBackupBlock   FinalBackupFailurePolicy = "Block"
+)
+
+// S3Destination is a bucket of an S3-compatible store, addressed path-style.
+type S3Destination struct {
+	// Endpoint is host[:port] of the store, without scheme, e.g. "s3.eu-central-1.amazonaws.com" or
+	// "minio.storage.svc:9000".
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="!self.contains('://')",message="endpoint is host[:port] without a scheme; use insecure: true for plain HTTP"
+	Endpoint string `json:"endpoint"`
+
+	// Bucket name; it must exist.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9][a-z0-9.-]*[a-z0-9]$`
+	Bucket string `json:"bucket"`
+
+	// Prefix of the object keys, without leading or trailing "/".
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.endsWith('/')",message="prefix must not start or end with '/'"
+	Prefix string `json:"prefix,omitempty"`
+
+	// Region of the bucket.
+	//
+	// +optional
+	// +kubebuilder:default=us-east-1
+	Region string `json:"region,omitempty"`
+
+	// Insecure uses plain HTTP instead of TLS, for a store inside the cluster.
+	//
+	// +optional
+	Insecure bool `json:"insecure,omitempty"`
+
+	// CredentialsSecret names a Secret in the KVCluster's namespace with the keys
+	// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Only the backup Jobs read it; the operator never does.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	CredentialsSecret string `json:"credentialsSecret"`
+}
+
+// BackupRecord describes one finished backup.
+type BackupRecord struct {
+	// Job that took it.
+	Job string `json:"job"`
+	// Succeeded says whether the backup completed and was verified.
+	Succeeded bool `json:"succeeded"`
+	// Location of the snapshot, s3://bucket/key.
+	// +optional
+	Location string `json:"location,omitempty"`
+	// Size in bytes.
+	// +optional
+	Size int64 `json:"size,omitempty"`
+	// SHA256 of the snapshot object.
+	// +optional
+	SHA256 string `json:"sha256,omitempty"`
+	// Revision is the etcd revision the snapshot contains at least.
+	// +optional
+	Revision int64 `json:"revision,omitempty"`
+	// EtcdVersion is the snapshot's storage version (e.g. 3.7.0): a snapshot restores only into
+	// etcd of this minor version or later.
+	// +optional
+	EtcdVersion string `json:"etcdVersion,omitempty"`
+	// CompletionTime of the Job.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+	// Message is the backup's own account of a failure.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // StorageSpec describes the PersistentVolumeClaim of each member. It is fixed at creation, because
@@ -116,6 +280,16 @@ const (
 	ConditionReconciling = "Reconciling"
 	// ConditionStalled is True when progress stopped and needs a person (kstatus Failed).
 	ConditionStalled = "Stalled"
+	// ConditionBackupSucceeded says whether the most recent backup succeeded, or why backups cannot run.
+	ConditionBackupSucceeded = "BackupSucceeded"
+)
+
+// Annotations a person may set on a KVCluster.
+const (
+	// AnnotationSkipFinalBackup: "true" deletes the KVCluster without the final backup.
+	AnnotationSkipFinalBackup = "kvcluster.io/skip-final-backup"
+	// FinalizerFinalBackup holds deletion until the final backup finished (or was given up).
+	FinalizerFinalBackup = "kvcluster.io/final-backup"
 )
 
 // MemberStatus is what etcd reports about one member.
@@ -160,6 +334,18 @@ type KVClusterStatus struct {
 	// +optional
 	LastBackupTime *metav1.Time `json:"lastBackupTime,omitempty"`
 
+	// NextBackupTime is the next slot of backupSchedule.
+	// +optional
+	NextBackupTime *metav1.Time `json:"nextBackupTime,omitempty"`
+
+	// LastScheduledTime is the slot of the most recent scheduled backup started; a slot never runs twice.
+	// +optional
+	LastScheduledTime *metav1.Time `json:"lastScheduledTime,omitempty"`
+
+	// LastBackup describes the most recently finished backup, successful or not.
+	// +optional
+	LastBackup *BackupRecord `json:"lastBackup,omitempty"`
+
 	// LastProgressTime is when the phase was entered or the number of ready members last changed;
 	// the progress deadline counts from it.
 	// +optional
@@ -192,6 +378,7 @@ type KVClusterStatus struct {
 // +kubebuilder:printcolumn:name="Partitions",type=integer,JSONPath=`.spec.partitions`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.currentVersion`
 // +kubebuilder:printcolumn:name="Last Backup",type=date,JSONPath=`.status.lastBackupTime`
+// +kubebuilder:printcolumn:name="Next Backup",type=string,JSONPath=`.status.nextBackupTime`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 52",message="metadata.name must be at most 52 characters (it prefixes the member pods' host names)"
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label: lower-case letters, digits and '-', starting with a letter (it becomes the members' host names)"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -38,6 +39,7 @@ func main() {
 		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's own namespace)")
 		etcdRepository = flag.String("etcd-repository", specs.DefaultEtcdRepository, "etcd image repository for KVClusters that do not set spec.repository (e.g. a mirror)")
 		etcdTimeout    = flag.Duration("etcd-timeout", 5*time.Second, "bound of one query of an etcd cluster's members")
+		backupImage    = flag.String("backup-image", os.Getenv("OPERATOR_IMAGE"), "the operator's own image, which backup Jobs run (default: $OPERATOR_IMAGE)")
 	)
 	opts := zap.Options{Development: false}
 	opts.BindFlags(flag.CommandLine)
@@ -63,6 +65,8 @@ func main() {
 			&appsv1.StatefulSet{}:           owned,
 			&corev1.Service{}:               owned,
 			&policyv1.PodDisruptionBudget{}: owned,
+			&batchv1.Job{}:                  owned,
+			&corev1.Pod{}:                   owned,
 		}},
 	})
 	if err != nil {
@@ -75,6 +79,11 @@ func main() {
 		Members:        members.EtcdClient{Timeout: *etcdTimeout},
 		Clock:          clock.RealClock{},
 		EtcdRepository: *etcdRepository,
+		BackupImage:    *backupImage,
+	}
+	if r.BackupImage == "" {
+		log.Error(nil, "--backup-image (or OPERATOR_IMAGE) is required: backup Jobs run the operator's own image")
+		os.Exit(1)
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		log.Error(err, "cannot set up the KVCluster controller")

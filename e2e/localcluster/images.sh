@@ -23,6 +23,13 @@ for v in 3.6.16 3.7.3; do
 done
 "$imgpack" -tag "$operator_image" -out "$out/operator.tar" \
   -file "$operator_bin=/kvcluster-operator" -entrypoint /kvcluster-operator -user 65532:65532
+# versitygw is the S3-compatible store of the backup tests.
+"$here/build.sh" versitygw
+gw=$("$here/build.sh" --print-dir versitygw)/versitygw
+if [ ! -f "$out/versitygw.tar" ] || [ "$gw" -nt "$out/versitygw.tar" ]; then
+  "$imgpack" -tag kvcluster.io/versitygw:dev -out "$out/versitygw.tar" -file "$gw=/usr/local/bin/versitygw" \
+    -entrypoint /usr/local/bin/versitygw -user 65532:65532
+fi
 # netcheck proves from inside a pod that the local cluster is isolated (local cluster only).
 (cd "$here/../.." && CGO_ENABLED=0 go build -o "$out/.netcheck" ./e2e/localcluster/netcheck)
 "$imgpack" -tag kvcluster.io/netcheck:dev -out "$out/netcheck.tar" -file "$out/.netcheck=/netcheck" -entrypoint /netcheck -user 65532:65532

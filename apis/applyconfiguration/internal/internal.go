@@ -23,6 +23,72 @@ func Parser() *typed.Parser {
 var parserOnce sync.Once
 var parser *typed.Parser
 var schemaYAML = typed.YAMLObject(`types:
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRecord
+  map:
+    fields:
+    - name: completionTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: etcdVersion
+      type:
+        scalar: string
+    - name: job
+      type:
+        scalar: string
+    - name: location
+      type:
+        scalar: string
+    - name: message
+      type:
+        scalar: string
+    - name: revision
+      type:
+        scalar: numeric
+    - name: sha256
+      type:
+        scalar: string
+    - name: size
+      type:
+        scalar: numeric
+    - name: succeeded
+      type:
+        scalar: boolean
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupSpec
+  map:
+    fields:
+    - name: finalBackup
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupPolicy
+      default: Take
+    - name: finalBackupTimeoutSeconds
+      type:
+        scalar: numeric
+      default: 600
+    - name: keepLast
+      type:
+        scalar: numeric
+      default: 3
+    - name: onFinalBackupFailure
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupFailurePolicy
+      default: Proceed
+    - name: s3
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.S3Destination
+    - name: startingDeadlineSeconds
+      type:
+        scalar: numeric
+      default: 3600
+    - name: suspend
+      type:
+        scalar: boolean
+    - name: timeZone
+      type:
+        scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupFailurePolicy
+  scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupPolicy
+  scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.KVCluster
   map:
     fields:
@@ -44,6 +110,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.KVClusterSpec
   map:
     fields:
+    - name: backup
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupSpec
     - name: backupSchedule
       type:
         scalar: string
@@ -84,10 +153,16 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: currentVersion
       type:
         scalar: string
+    - name: lastBackup
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRecord
     - name: lastBackupTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
     - name: lastProgressTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: lastScheduledTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
     - name: members
@@ -98,6 +173,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - name
+    - name: nextBackupTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
     - name: observedGeneration
       type:
         scalar: numeric
@@ -130,6 +208,28 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.Phase
   scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.S3Destination
+  map:
+    fields:
+    - name: bucket
+      type:
+        scalar: string
+    - name: credentialsSecret
+      type:
+        scalar: string
+    - name: endpoint
+      type:
+        scalar: string
+    - name: insecure
+      type:
+        scalar: boolean
+    - name: prefix
+      type:
+        scalar: string
+    - name: region
+      type:
+        scalar: string
+      default: us-east-1
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.StorageSpec
   map:
     fields:

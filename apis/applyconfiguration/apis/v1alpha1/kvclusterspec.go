@@ -23,6 +23,9 @@ type KVClusterSpecApplyConfiguration struct {
 	// wall-clock time skipped by a daylight-saving change has no slot that day, and one repeated by
 	// it has two.
 	BackupSchedule *string `json:"backupSchedule,omitempty"`
+	// Backup says where backups go (scheduled ones and the final one taken when the KVCluster is
+	// deleted), how long they are kept, and what happens on deletion.
+	Backup *BackupSpecApplyConfiguration `json:"backup,omitempty"`
 	// Repository is the container image repository for etcd; the image is
 	// "<repository>:v<version>". Defaults to the operator's --etcd-repository
 	// (gcr.io/etcd-development/etcd), e.g. to use a mirror.
@@ -63,6 +66,14 @@ func (b *KVClusterSpecApplyConfiguration) WithPartitions(value int32) *KVCluster
 // If called multiple times, the BackupSchedule field is set to the value of the last call.
 func (b *KVClusterSpecApplyConfiguration) WithBackupSchedule(value string) *KVClusterSpecApplyConfiguration {
 	b.BackupSchedule = &value
+	return b
+}
+
+// WithBackup sets the Backup field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Backup field is set to the value of the last call.
+func (b *KVClusterSpecApplyConfiguration) WithBackup(value *BackupSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
+	b.Backup = value
 	return b
 }
 

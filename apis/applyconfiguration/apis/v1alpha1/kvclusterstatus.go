@@ -23,6 +23,12 @@ type KVClusterStatusApplyConfiguration struct {
 	CurrentVersion *string `json:"currentVersion,omitempty"`
 	// LastBackupTime is when the last successful backup completed.
 	LastBackupTime *v1.Time `json:"lastBackupTime,omitempty"`
+	// NextBackupTime is the next slot of backupSchedule.
+	NextBackupTime *v1.Time `json:"nextBackupTime,omitempty"`
+	// LastScheduledTime is the slot of the most recent scheduled backup started; a slot never runs twice.
+	LastScheduledTime *v1.Time `json:"lastScheduledTime,omitempty"`
+	// LastBackup describes the most recently finished backup, successful or not.
+	LastBackup *BackupRecordApplyConfiguration `json:"lastBackup,omitempty"`
 	// LastProgressTime is when the phase was entered or the number of ready members last changed;
 	// the progress deadline counts from it.
 	LastProgressTime *v1.Time `json:"lastProgressTime,omitempty"`
@@ -77,6 +83,30 @@ func (b *KVClusterStatusApplyConfiguration) WithCurrentVersion(value string) *KV
 // If called multiple times, the LastBackupTime field is set to the value of the last call.
 func (b *KVClusterStatusApplyConfiguration) WithLastBackupTime(value v1.Time) *KVClusterStatusApplyConfiguration {
 	b.LastBackupTime = &value
+	return b
+}
+
+// WithNextBackupTime sets the NextBackupTime field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the NextBackupTime field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithNextBackupTime(value v1.Time) *KVClusterStatusApplyConfiguration {
+	b.NextBackupTime = &value
+	return b
+}
+
+// WithLastScheduledTime sets the LastScheduledTime field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the LastScheduledTime field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithLastScheduledTime(value v1.Time) *KVClusterStatusApplyConfiguration {
+	b.LastScheduledTime = &value
+	return b
+}
+
+// WithLastBackup sets the LastBackup field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the LastBackup field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithLastBackup(value *BackupRecordApplyConfiguration) *KVClusterStatusApplyConfiguration {
+	b.LastBackup = value
 	return b
 }
 

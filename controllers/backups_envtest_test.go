@@ -1,0 +1,347 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+func withBackups(kvc *kvv1.KVCluster, schedule string) *kvv1.KVCluster {
+	kvc.Spec.BackupSchedule = schedule
+	kvc.Spec.Backup = &kvv1.BackupSpec{S3: kvv1.S3Destination{
+		Endpoint: "s3.backup.svc:7070", Bucket: "backups", Prefix: "team", Insecure: true, CredentialsSecret: "s3-credentials",
+	}}
+	return kvc
+}
+
+// readyCluster creates a KVCluster and drives it to Ready, as the kubelet and etcd would.
+func (h *harness) readyCluster(kvc *kvv1.KVCluster) *kvv1.KVCluster {
+	h.t.Helper()
+	h.create(kvc)
+	// The schedule counts from creationTimestamp (the server's clock, in whole seconds): start the
+	// fake clock just after it, so a slot can never fall between the two clocks.
+	h.clock.SetTime(h.fresh(kvc).CreationTimestamp.Add(time.Second))
+	h.members.set(etcdAnswer(int(kvc.Spec.Partitions), "3.7.3"), nil)
+	h.reconcile(kvc)
+	h.setMembersReady(kvc, kvc.Spec.Partitions)
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	if got.Status.Phase != kvv1.PhaseReady {
+		h.t.Fatalf("phase = %s, want Ready", got.Status.Phase)
+	}
+	drainEvents(h)
+	return got
+}
+
+func (h *harness) backupJobs(kvc *kvv1.KVCluster) []batchv1.Job {
+	h.t.Helper()
+	var jobs batchv1.JobList
+	if err := h.client.List(context.Background(), &jobs, client.InNamespace(kvc.Namespace), client.HasLabels{specs.BackupKindLabel}); err != nil {
+		h.t.Fatal(err)
+	}
+	return jobs.Items
+}
+
+// finishJob plays the Job controller and the backup pod: the pod's termination message carries
+// the backup program's report.
+func (h *harness) finishJob(job *batchv1.Job, succeeded bool, report string) {
+	h.t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: job.Name + "-abcde", Namespace: job.Namespace, Labels: map[string]string{batchv1.JobNameLabel: job.Name}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Image: "x"}}, RestartPolicy: corev1.RestartPolicyNever},
+	}
+	if err := h.client.Create(ctx, pod); err != nil {
+		h.t.Fatal(err)
+	}
+	exit := int32(0)
+	if !succeeded {
+		exit = 1
+	}
+	pod.Status.Phase = corev1.PodSucceeded
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "backup", State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Message: report}}}}
+	if err := h.client.Status().Update(ctx, pod); err != nil {
+		h.t.Fatal(err)
+	}
+	now := metav1.NewTime(h.clock.Now())
+	job.Status.StartTime = &now
+	if succeeded {
+		job.Status.Succeeded = 1
+		job.Status.CompletionTime = &now
+		job.Status.Conditions = []batchv1.JobCondition{
+			{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now}}
+	} else {
+		job.Status.Failed = 1
+		job.Status.Conditions = []batchv1.JobCondition{
+			{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", LastTransitionTime: now},
+			{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", Message: "Job has reached the specified backoff limit", LastTransitionTime: now}}
+	}
+	if err := h.client.Status().Update(ctx, job); err != nil {
+		h.t.Fatalf("finish Job %s: %v", job.Name, err)
+	}
+}
+
+func successReport(key string) string {
+	out, _ := json.Marshal(backup.Result{Location: "s3://backups/" + key, Size: 20480, SHA256: strings.Repeat("ab", 32), Revision: 42, EtcdVersion: "3.7.3"})
+	return string(out)
+}
+
+func TestScheduledBackupsStartOneJobPerSlotAndRecordSuccessOnly(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("backup")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 3), "*/5 * * * *"))
+
+	// Nothing due right after creation.
+	if jobs := h.backupJobs(kvc); len(jobs) != 0 {
+		t.Fatalf("jobs before the first slot: %d", len(jobs))
+	}
+	got := h.fresh(kvc)
+	if got.Status.NextBackupTime == nil {
+		t.Fatalf("nextBackupTime not set: %+v", got.Status)
+	}
+	slot := got.Status.NextBackupTime.Time
+
+	// The slot comes: exactly one Job, named for the slot, however often we reconcile, and also
+	// after the operator restarts (a new reconciler with no memory).
+	h.clock.SetTime(slot.Add(20 * time.Second))
+	res := h.reconcile(kvc)
+	for range 3 {
+		h.reconcile(kvc)
+	}
+	restarted := newHarness(t)
+	restarted.clock.SetTime(slot.Add(40 * time.Second))
+	restarted.members.set(etcdAnswer(3, "3.7.3"), nil)
+	restarted.reconcile(kvc)
+	jobs := h.backupJobs(kvc)
+	if len(jobs) != 1 || jobs[0].Name != backup.JobName("kv", slot) {
+		t.Fatalf("jobs = %v, want exactly %s", names(jobs), backup.JobName("kv", slot))
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > 5*time.Minute {
+		t.Errorf("requeue after %s, want at most until the next slot", res.RequeueAfter)
+	}
+	job := jobs[0]
+	args := strings.Join(job.Spec.Template.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--key=team/"+ns+"/kv/"+job.Name+".db") || !strings.Contains(args, "--insecure") {
+		t.Errorf("backup Job args = %s", args)
+	}
+	if ref := metav1.GetControllerOf(&job); ref == nil || ref.Kind != "KVCluster" {
+		t.Errorf("backup Job not owned by the KVCluster")
+	}
+	got = h.fresh(kvc)
+	if got.Status.LastScheduledTime == nil || !got.Status.LastScheduledTime.Time.Equal(slot) || got.Status.LastBackupTime != nil {
+		t.Errorf("after starting: lastScheduledTime %v, lastBackupTime %v", got.Status.LastScheduledTime, got.Status.LastBackupTime)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "BackupStarted") {
+		t.Errorf("events = %q, want BackupStarted", ev)
+	}
+
+	// A failed backup does not set lastBackupTime; it says why.
+	h.clock.SetTime(slot.Add(time.Minute))
+	h.finishJob(&job, false, "backup failed: the store refused the credentials (InvalidAccessKeyId)")
+	h.reconcile(kvc)
+	got = h.fresh(kvc)
+	cond := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionBackupSucceeded)
+	if got.Status.LastBackupTime != nil || cond == nil || cond.Status != metav1.ConditionFalse || !strings.Contains(cond.Message, "refused the credentials") {
+		t.Errorf("after a failure: lastBackupTime %v, condition %+v", got.Status.LastBackupTime, cond)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning BackupFailed") {
+		t.Errorf("events = %q, want a Warning BackupFailed", ev)
+	}
+
+	// The next slot's backup succeeds: lastBackupTime is its completion, the record has its details.
+	next := slot.Add(5 * time.Minute)
+	h.clock.SetTime(next.Add(10 * time.Second))
+	h.reconcile(kvc)
+	job2 := &batchv1.Job{}
+	h.get(job2, ns, backup.JobName("kv", next))
+	h.clock.SetTime(next.Add(30 * time.Second))
+	h.finishJob(job2, true, successReport("team/"+ns+"/kv/"+job2.Name+".db"))
+	h.reconcile(kvc)
+	got = h.fresh(kvc)
+	if got.Status.LastBackupTime == nil || !got.Status.LastBackupTime.Time.Equal(next.Add(30*time.Second).Truncate(time.Second)) {
+		t.Errorf("lastBackupTime = %v, want %v", got.Status.LastBackupTime, next.Add(30*time.Second))
+	}
+	lb := got.Status.LastBackup
+	if lb == nil || !lb.Succeeded || lb.Job != job2.Name || lb.Revision != 42 || lb.Size != 20480 || !strings.HasPrefix(lb.Location, "s3://backups/team/") {
+		t.Errorf("lastBackup = %+v", lb)
+	}
+	if !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionBackupSucceeded) {
+		t.Errorf("BackupSucceeded = %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionBackupSucceeded))
+	}
+	h.assertIdle(kvc, "after recording a backup")
+}
+
+func TestOnlyTheMostRecentMissedSlotRunsAndNoneWhileOneRuns(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("missed")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), "* * * * *"))
+	first := h.fresh(kvc).Status.NextBackupTime.Time
+
+	h.clock.SetTime(first.Add(10 * time.Minute)) // the operator was down for ten slots
+	h.reconcile(kvc)
+	jobs := h.backupJobs(kvc)
+	if len(jobs) != 1 || jobs[0].Name != backup.JobName("kv", first.Add(10*time.Minute)) {
+		t.Fatalf("jobs = %v, want only the most recent slot's", names(jobs))
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "10 earlier slots were missed") {
+		t.Errorf("events = %q, want the missed slots reported", ev)
+	}
+	h.clock.SetTime(first.Add(12 * time.Minute)) // the Job is still running
+	h.reconcile(kvc)
+	if jobs := h.backupJobs(kvc); len(jobs) != 1 {
+		t.Errorf("a second backup started while one runs: %v", names(jobs))
+	}
+}
+
+func TestInvalidScheduleIsAConditionAndAnEvent(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("badsched")
+	kvc := withBackups(newKVCluster(ns, "kv", 1), "59 23 31 2 *") // passes admission, never fires
+	h.readyCluster(kvc)
+	got := h.fresh(kvc)
+	cond := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionBackupSucceeded)
+	if cond == nil || cond.Reason != ReasonInvalidSchedule || !strings.Contains(cond.Message, "never fires") {
+		t.Fatalf("condition = %+v", cond)
+	}
+	if got.Status.Phase != kvv1.PhaseReady {
+		t.Errorf("a bad schedule must not fail the cluster: phase %s", got.Status.Phase)
+	}
+	h.reconcile(kvc)
+	if ev := drainEvents(h); strings.Count(ev, ReasonInvalidSchedule) != 0 {
+		t.Errorf("the event repeats on every reconcile: %q", ev)
+	}
+}
+
+func TestDeletionTakesAFinalBackupBeforeLettingGo(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("final")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 3), ""))
+	if !slices.Contains(h.fresh(kvc).Finalizers, kvv1.FinalizerFinalBackup) {
+		t.Fatal("the final-backup finalizer was not added")
+	}
+	h.assertIdle(kvc, "with the finalizer in place")
+	ctx := context.Background()
+	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+
+	h.reconcile(kvc)
+	job := &batchv1.Job{}
+	h.get(job, ns, "kv-final")
+	if job.Labels[specs.BackupKindLabel] != specs.BackupFinal {
+		t.Errorf("final Job labels = %v", job.Labels)
+	}
+	h.reconcile(kvc) // still running: the KVCluster stays
+	if got := h.fresh(kvc); !slices.Contains(got.Finalizers, kvv1.FinalizerFinalBackup) {
+		t.Fatal("the finalizer was removed before the final backup finished")
+	}
+
+	h.finishJob(job, true, successReport("team/"+ns+"/kv/kv-final.db"))
+	h.reconcile(kvc)
+	err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{})
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("the KVCluster still exists after its final backup: %v", err)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "FinalBackupCompleted") || !strings.Contains(ev, "kv-final.db") {
+		t.Errorf("events = %q, want FinalBackupCompleted naming the object", ev)
+	}
+}
+
+func TestFinalBackupFailsOpenWithAWarning(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("failopen")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	ctx := context.Background()
+	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	job := &batchv1.Job{}
+	h.get(job, ns, "kv-final")
+	h.finishJob(job, false, "backup failed: no etcd member answered")
+	h.reconcile(kvc)
+	if err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a failed final backup must not hold the deletion (Proceed): %v", err)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning FinalBackupFailed") || !strings.Contains(ev, "no backup of this cluster exists") {
+		t.Errorf("events = %q, want a Warning saying what is lost", ev)
+	}
+}
+
+func TestFinalBackupBlocksWhenAskedTo(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("block")
+	kvc := withBackups(newKVCluster(ns, "kv", 1), "")
+	kvc.Spec.Backup.OnFinalBackupFailure = kvv1.FinalBackupBlock
+	h.readyCluster(kvc)
+	ctx := context.Background()
+	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	job := &batchv1.Job{}
+	h.get(job, ns, "kv-final")
+	h.finishJob(job, false, "backup failed: bucket \"backups\" does not exist; create it first")
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	cond := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionBackupSucceeded)
+	if !slices.Contains(got.Finalizers, kvv1.FinalizerFinalBackup) || cond == nil || cond.Reason != ReasonFinalBackupFailed ||
+		!strings.Contains(cond.Message, "does not exist") || !strings.Contains(cond.Message, kvv1.AnnotationSkipFinalBackup) {
+		t.Fatalf("Block must keep the KVCluster and say how to proceed: finalizers %v, condition %+v", got.Finalizers, cond)
+	}
+	// The way out the message names: the annotation.
+	got.Annotations = map[string]string{kvv1.AnnotationSkipFinalBackup: "true"}
+	if err := h.client.Update(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	if err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the skip annotation did not release the KVCluster: %v", err)
+	}
+}
+
+func TestFinalBackupFailsOpenInATerminatingNamespace(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("nsgone")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	ctx := context.Background()
+	// envtest runs no namespace controller: the namespace stays Terminating, as while a real one
+	// is waiting for its contents to go, and refuses new objects such as a Job.
+	if err := h.client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	if err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the KVCluster must not hold up its namespace's deletion: %v", err)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "namespace is being deleted") {
+		t.Errorf("events = %q, want the reason no final backup was taken", ev)
+	}
+}
+
+func names(jobs []batchv1.Job) []string {
+	var out []string
+	for _, j := range jobs {
+		out = append(out, j.Name)
+	}
+	return out
+}

@@ -1,0 +1,207 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/e2e-framework/klient/k8s"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+	"sigs.k8s.io/e2e-framework/pkg/features"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+const bucket = "backups"
+
+// s3Store is the versitygw in the test namespace, reached from the test through a port-forward
+// (which works on kind and on the local cluster alike).
+type s3Store struct {
+	client  *minio.Client
+	forward *exec.Cmd
+}
+
+func startS3(ctx context.Context, t *testing.T, cfg *envconf.Config, ns string) *s3Store {
+	t.Helper()
+	if out, err := kubectl(cfg, "apply", "-n", ns, "-f", filepath.Join("testdata", "s3.yaml")); err != nil {
+		t.Fatalf("deploy the S3 store: %v\n%s", err, out)
+	}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "s3", Namespace: ns}}
+	if err := wait.For(conditions.New(cfg.Client().Resources()).DeploymentConditionMatch(dep, appsv1.DeploymentAvailable, "True"),
+		wait.WithTimeout(2*time.Minute)); err != nil {
+		out, _ := kubectl(cfg, "-n", ns, "describe", "pods", "-l", "app=s3")
+		t.Fatalf("the S3 store did not start: %v\n%s", err, out)
+	}
+	cmd := exec.Command(envOr("KUBECTL", "kubectl"), "--kubeconfig", cfg.KubeconfigFile(), "-n", ns, "port-forward", "svc/s3", ":7070")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	m := regexp.MustCompile(`127\.0\.0\.1:(\d+)`).FindStringSubmatch(line)
+	if err != nil || m == nil {
+		_ = cmd.Process.Kill()
+		t.Fatalf("port-forward to the S3 store: %q %v", line, err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	client, err := minio.New("127.0.0.1:"+m[1], &minio.Options{
+		Creds: credentials.NewStaticV4("e2e-backups", "e2e-backups-secret", ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &s3Store{client: client, forward: cmd}
+	if err := client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{Region: "us-east-1"}); err != nil {
+		s.stop()
+		t.Fatalf("create the bucket: %v", err)
+	}
+	return s
+}
+
+func (s *s3Store) stop() {
+	_ = s.forward.Process.Kill()
+	_ = s.forward.Wait()
+}
+
+// object downloads an object and returns its sha256, or fails the test.
+func (s *s3Store) objectSHA256(ctx context.Context, t *testing.T, key string) (string, int64) {
+	t.Helper()
+	obj, err := s.client.GetObject(ctx, bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	defer obj.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, obj)
+	if err != nil {
+		t.Fatalf("read s3://%s/%s: %v", bucket, key, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n
+}
+
+func TestBackups(t *testing.T) {
+	var (
+		kvc *kvv1.KVCluster
+		s3  *s3Store
+	)
+	f := features.New("backups of a real cluster go to a real S3 store").
+		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			ns := envconf.RandomName("kvc-backup", 16)
+			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			s3 = startS3(ctx, t, cfg, ns)
+			kvc = &kvv1.KVCluster{
+				ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: ns},
+				Spec: kvv1.KVClusterSpec{
+					Version: "3.7.3", Partitions: 1, BackupSchedule: "*/1 * * * *",
+					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+					Backup: &kvv1.BackupSpec{S3: kvv1.S3Destination{
+						Endpoint: "s3." + ns + ".svc:7070", Bucket: bucket, Prefix: "e2e", Insecure: true, CredentialsSecret: "s3-credentials",
+					}},
+				},
+			}
+			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
+				t.Fatal(err)
+			}
+			return ctx
+		}).
+		Assess("the cluster is Ready and holds a key", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+			etcdctl(ctx, t, cfg, kvc, kvc.Name+"-0", "put", "orders/1", "two coffees")
+			return ctx
+		}).
+		Assess("a scheduled backup lands in the bucket and sets lastBackupTime", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			start := time.Now()
+			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
+				return o.(*kvv1.KVCluster).Status.LastBackupTime != nil
+			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
+			got := get(ctx, t, cfg, kvc)
+			if err != nil {
+				out, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "jobs")
+				t.Fatalf("no successful backup within 3 minutes: %v\nstatus: %+v\n%s", err, got.Status, out)
+			}
+			t.Logf("first backup completed %s after the cluster was ready: %+v", time.Since(start).Round(time.Second), *got.Status.LastBackup)
+			lb := got.Status.LastBackup
+			key := strings.TrimPrefix(lb.Location, "s3://"+bucket+"/")
+			if !lb.Succeeded || !strings.HasPrefix(key, "e2e/"+kvc.Namespace+"/orders/orders-") {
+				t.Fatalf("lastBackup = %+v", lb)
+			}
+			sum, size := s3.objectSHA256(ctx, t, key)
+			if sum != lb.SHA256 || size != lb.Size {
+				t.Errorf("object %s has sha256 %s (%d bytes), status says %s (%d bytes)", key, sum, size, lb.SHA256, lb.Size)
+			}
+			if _, err := s3.client.StatObject(ctx, bucket, key+".meta.json", minio.StatObjectOptions{}); err != nil {
+				t.Errorf("no metadata beside the snapshot: %v", err)
+			}
+			if got.Status.NextBackupTime == nil || !got.Status.NextBackupTime.After(got.Status.LastScheduledTime.Time) {
+				t.Errorf("nextBackupTime = %v, lastScheduledTime = %v", got.Status.NextBackupTime, got.Status.LastScheduledTime)
+			}
+			return ctx
+		}).
+		Assess("deleting the KVCluster takes a final backup, then everything goes", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			etcdctl(ctx, t, cfg, kvc, kvc.Name+"-0", "put", "orders/2", "one tea, written just before deletion")
+			if err := cfg.Client().Resources().Delete(ctx, get(ctx, t, cfg, kvc)); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if err := wait.For(conditions.New(cfg.Client().Resources()).ResourceDeleted(kvc), wait.WithTimeout(3*time.Minute)); err != nil {
+				out, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "kvc,jobs")
+				t.Fatalf("the KVCluster was not deleted: %v\n%s", err, out)
+			}
+			t.Logf("deleted, with its final backup, in %s", time.Since(start).Round(time.Second))
+			key := fmt.Sprintf("e2e/%s/orders/orders-final.db", kvc.Namespace)
+			if _, size := s3.objectSHA256(ctx, t, key); size < 4096 {
+				t.Errorf("final backup %s is %d bytes", key, size)
+			}
+			sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: kvc.Name, Namespace: kvc.Namespace}}
+			if err := wait.For(conditions.New(cfg.Client().Resources()).ResourceDeleted(sts), wait.WithTimeout(time.Minute)); err != nil {
+				t.Errorf("the StatefulSet outlived its KVCluster: %v", err)
+			}
+			var evs corev1.EventList
+			_ = cfg.Client().Resources(kvc.Namespace).List(ctx, &evs)
+			found := false
+			for _, e := range evs.Items {
+				if e.Reason == "FinalBackupCompleted" {
+					found = true
+					t.Logf("event: %s %s", e.Reason, e.Message)
+				}
+			}
+			if !found {
+				t.Error("no FinalBackupCompleted event")
+			}
+			return ctx
+		}).
+		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			if s3 != nil {
+				s3.stop()
+			}
+			if err := cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}}); err != nil && !apierrors.IsNotFound(err) {
+				t.Log(err)
+			}
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
