@@ -173,17 +173,28 @@ func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
 		t.Errorf("metadata = %+v, result = %+v", meta, res)
 	}
 
-	// The snapshot restores (etcdutl checks etcd's own hash trailer) into the same keys.
-	snapFile := filepath.Join(t.TempDir(), "snap.db")
-	if err := os.WriteFile(snapFile, data, 0o600); err != nil {
-		t.Fatal(err)
+	// The restore path members use: fetch (verified against the metadata's sha256), then apply
+	// with etcdutl (which also checks etcd's own hash trailer).
+	work := t.TempDir()
+	restored := filepath.Join(work, "data")
+	snapFile := filepath.Join(work, "restore.db")
+	src := s3.dest("prod/kv/kv-29933460.db")
+	if _, err := Fetch(ctx, src, strings.Repeat("0", 64), restored, snapFile); err == nil || !strings.Contains(err.Error(), "refusing to restore") {
+		t.Errorf("a snapshot with the wrong checksum was accepted: %v", err)
 	}
-	restored := filepath.Join(t.TempDir(), "restored")
+	if skipped, err := Fetch(ctx, src, "", restored, snapFile); err != nil || skipped {
+		t.Fatalf("fetch: skipped %v, %v", skipped, err)
+	}
 	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	out, err := exec.Command(etcdutl, "snapshot", "restore", snapFile, "--data-dir", restored, "--name", "restored",
-		"--initial-cluster", "restored="+peer, "--initial-advertise-peer-urls", peer).CombinedOutput()
-	if err != nil {
-		t.Fatalf("etcdutl snapshot restore: %v\n%s", err, out)
+	member := Member{Name: "restored", InitialCluster: "restored=" + peer, Token: "t", PeerURL: peer}
+	if skipped, err := Apply(ctx, etcdutl, snapFile, restored, member); err != nil || skipped {
+		t.Fatalf("apply: skipped %v, %v", skipped, err)
+	}
+	if skipped, err := Fetch(ctx, src, "", restored, snapFile); err != nil || !skipped {
+		t.Errorf("a member with data must not fetch again: skipped %v, %v", skipped, err)
+	}
+	if skipped, err := Apply(ctx, etcdutl, snapFile, restored, member); err != nil || !skipped {
+		t.Errorf("a member with data must not restore again: skipped %v, %v", skipped, err)
 	}
 	restoredEndpoint := startEtcd(t, etcd, restored, "restored")
 	rcli, err := clientv3.New(clientv3.Config{Endpoints: []string{restoredEndpoint}, Logger: zap.NewNop()})

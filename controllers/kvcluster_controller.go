@@ -121,7 +121,7 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	if err := r.getOwned(ctx, kvc, kvc.Name, &sts); err != nil {
 		return nil, err
 	}
-	if err := applyOwned(ctx, r.Client, specs.StatefulSet(kvc, r.EtcdRepository), &sts, appsv1ac.ExtractStatefulSet); err != nil {
+	if err := applyOwned(ctx, r.Client, specs.StatefulSet(kvc, specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage}), &sts, appsv1ac.ExtractStatefulSet); err != nil {
 		return nil, err
 	}
 	return &sts, nil

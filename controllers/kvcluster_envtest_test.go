@@ -327,6 +327,13 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		{"starting deadline too short", func(k *kvv1.KVCluster) { k.Spec.Backup.StartingDeadlineSeconds = 5 }, "greater than or equal to 60"},
 		{"ok: no backups at all", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule, k.Spec.Backup = "", nil }, ""},
 		{"ok: final backup only", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "" }, ""},
+		{"restore with a bad checksum", func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3, Key: "team/x.db", SHA256: "abc"}
+		}, "spec.restore.sha256"},
+		{"restore without a key", func(k *kvv1.KVCluster) { k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3} }, "spec.restore.key"},
+		{"ok: restore", func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3, Key: "team/x.db", SHA256: strings.Repeat("a", 64)}
+		}, ""},
 		{"ok: 3.6 patch", func(k *kvv1.KVCluster) { k.Spec.Version = "3.6.16" }, ""},
 		{"ok: descriptor", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "@daily" }, ""},
 		{"ok: step cron", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "*/5 * * * *" }, ""},
@@ -357,6 +364,9 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		{"storage size change", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("2Gi") }, "storage cannot be changed after creation"},
 		{"storage class change", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "other" }, "storage cannot be changed after creation"},
 		{"ok: schedule change", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0 * * * *" }, ""},
+		{"restore added later", func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3, Key: "team/x.db"}
+		}, "restore is set at creation and cannot be changed"},
 	}
 	for _, tc := range updateCases {
 		t.Run("update/"+tc.name, func(t *testing.T) {

@@ -194,6 +194,35 @@ func TestBackups(t *testing.T) {
 			}
 			return ctx
 		}).
+		Assess("a new KVCluster restored from the final backup serves the keys written before", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			restored := &kvv1.KVCluster{
+				ObjectMeta: metav1.ObjectMeta{Name: "orders-restored", Namespace: kvc.Namespace},
+				Spec: kvv1.KVClusterSpec{
+					Version: "3.7.3", Partitions: 3,
+					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+					Restore: &kvv1.RestoreSpec{
+						S3:  kvv1.S3Destination{Endpoint: "s3." + kvc.Namespace + ".svc:7070", Bucket: bucket, Insecure: true, CredentialsSecret: "s3-credentials"},
+						Key: fmt.Sprintf("e2e/%s/orders/orders-final.db", kvc.Namespace), // its sha256 comes from the metadata beside it
+					},
+				},
+			}
+			if err := cfg.Client().Resources().Create(ctx, restored); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			waitReady(ctx, t, cfg, restored, 5*time.Minute)
+			t.Logf("restored 3-member cluster Ready in %s", time.Since(start).Round(time.Second))
+			for key, want := range map[string]string{"orders/1": "two coffees", "orders/2": "one tea, written just before deletion"} {
+				for i := range 3 { // every member has the data, not just one
+					out := etcdctl(ctx, t, cfg, restored, fmt.Sprintf("orders-restored-%d", i), "--endpoints=http://127.0.0.1:2379",
+						"get", "--consistency=s", "--print-value-only", key)
+					if strings.TrimSpace(out) != want {
+						t.Errorf("member %d of the restored cluster has %s = %q, want %q", i, key, out, want)
+					}
+				}
+			}
+			return ctx
+		}).
 		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			if s3 != nil {
 				s3.stop()

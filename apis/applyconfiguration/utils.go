@@ -28,6 +28,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.KVClusterStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("MemberStatus"):
 		return &apisv1alpha1.MemberStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("RestoreSpec"):
+		return &apisv1alpha1.RestoreSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("S3Destination"):
 		return &apisv1alpha1.S3DestinationApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StorageSpec"):

@@ -9,6 +9,7 @@ import (
 // KVClusterSpec is the desired state of an etcd-backed key-value cluster.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup.s3: where the backups go"
+// +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.partitions) || self.partitions == oldSelf.partitions",message="partitions cannot be changed yet: this operator release does not add or remove etcd members; create a new KVCluster (restored from a backup) with the size you need"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.version) || self.version == oldSelf.version",message="version cannot be changed yet: this operator release does not perform rolling upgrades; create a new KVCluster (restored from a backup) on the new version"
 type KVClusterSpec struct {
@@ -47,6 +48,13 @@ type KVClusterSpec struct {
 	//
 	// +optional
 	Backup *BackupSpec `json:"backup,omitempty"`
+
+	// Restore bootstraps a new cluster from a backup instead of starting empty. Every member's data
+	// is restored from the snapshot (after its checksum is verified) by the etcdutl of this
+	// cluster's version, before etcd starts. Fixed at creation.
+	//
+	// +optional
+	Restore *RestoreSpec `json:"restore,omitempty"`
 
 	// Repository is the container image repository for etcd; the image is
 	// "<repository>:v<version>". Defaults to the operator's --etcd-repository
@@ -203,6 +211,29 @@ type S3Destination struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	CredentialsSecret string `json:"credentialsSecret"`
+}
+
+// RestoreSpec names the backup a new cluster starts from.
+type RestoreSpec struct {
+	// S3 is the store holding the snapshot (its prefix is ignored: key is the full object key).
+	//
+	// +required
+	S3 S3Destination `json:"s3"`
+
+	// Key of the snapshot object, e.g. "team/prod/orders/orders-final.db" (status.lastBackup.location
+	// of the cluster it came from, without "s3://<bucket>/").
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Key string `json:"key"`
+
+	// SHA256 the snapshot must have (status.lastBackup.sha256 of its cluster); the restore refuses
+	// any other content. Without it, the checksum in the metadata beside the snapshot is used.
+	//
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{64}$`
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // BackupRecord describes one finished backup.

@@ -1,5 +1,5 @@
-// Command kvcluster-operator runs the KVCluster controller manager; `kvcluster-operator backup`
-// is the program backup Jobs run.
+// Command kvcluster-operator runs the KVCluster controller manager; its subcommands (backup,
+// restore-fetch, restore-apply) are the programs of backup Jobs and restoring members.
 package main
 
 import (
@@ -29,8 +29,10 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "backup" {
-		os.Exit(runBackup(os.Args[2:]))
+	if len(os.Args) > 1 {
+		if run, ok := subcommands[os.Args[1]]; ok {
+			os.Exit(run(os.Args[2:]))
+		}
 	}
 	var (
 		metricsAddr    = flag.String("metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")

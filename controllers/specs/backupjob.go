@@ -57,10 +57,6 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 	}
 	labels := Labels(kvc)
 	labels[BackupKindLabel] = kind
-	secretEnv := func(key string) *corev1ac.EnvVarApplyConfiguration {
-		return corev1ac.EnvVar().WithName(key).WithValueFrom(corev1ac.EnvVarSource().
-			WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(b.S3.CredentialsSecret).WithKey(key)))
-	}
 	return batchv1ac.Job(name, kvc.Namespace).
 		WithLabels(labels).
 		WithOwnerReferences(OwnerReference(kvc)).
@@ -83,14 +79,10 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 						WithImage(image).
 						WithImagePullPolicy(corev1.PullIfNotPresent).
 						WithArgs(args...).
-						WithEnv(secretEnv("AWS_ACCESS_KEY_ID"), secretEnv("AWS_SECRET_ACCESS_KEY")).
+						WithEnv(secretEnv(b.S3.CredentialsSecret, "AWS_ACCESS_KEY_ID"), secretEnv(b.S3.CredentialsSecret, "AWS_SECRET_ACCESS_KEY")).
 						WithTerminationMessagePolicy(corev1.TerminationMessageReadFile).
 						WithResources(corev1ac.ResourceRequirements().
 							WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")}).
 							WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")})).
-						WithSecurityContext(corev1ac.SecurityContext().
-							WithAllowPrivilegeEscalation(false).
-							WithReadOnlyRootFilesystem(true).
-							WithRunAsNonRoot(true).
-							WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")))))))
+						WithSecurityContext(restrictedContainer())))))
 }

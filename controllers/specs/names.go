@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -120,4 +121,25 @@ func OwnerReference(kvc *kvv1.KVCluster) *metav1ac.OwnerReferenceApplyConfigurat
 		WithUID(kvc.UID).
 		WithController(true).
 		WithBlockOwnerDeletion(true)
+}
+
+// secretEnv maps one key of a Secret into an environment variable of the same name.
+func secretEnv(secret, key string) *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName(key).WithValueFrom(corev1ac.EnvVarSource().
+		WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(secret).WithKey(key)))
+}
+
+// podNameEnv gives a container its pod's name as $(POD_NAME).
+func podNameEnv() *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
+		WithFieldRef(corev1ac.ObjectFieldSelector().WithAPIVersion("v1").WithFieldPath("metadata.name")))
+}
+
+// restrictedContainer is the container security context of the restricted Pod Security Standard.
+func restrictedContainer() *corev1ac.SecurityContextApplyConfiguration {
+	return corev1ac.SecurityContext().
+		WithAllowPrivilegeEscalation(false).
+		WithReadOnlyRootFilesystem(true).
+		WithRunAsNonRoot(true).
+		WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))
 }

@@ -120,7 +120,7 @@ func TestStatefulSet(t *testing.T) {
 	kvc := cluster(3)
 	kvc.Spec.Storage = kvv1.StorageSpec{Size: resource.MustParse("2Gi"), StorageClassName: "fast"}
 	kvc.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}
-	sts := StatefulSet(kvc, "")
+	sts := StatefulSet(kvc, Images{})
 	spec := sts.Spec
 
 	if *spec.Replicas != 3 || *spec.ServiceName != "kv-peer" {
@@ -190,12 +190,55 @@ func TestStatefulSet(t *testing.T) {
 }
 
 func TestStatefulSetDefaultsStorage(t *testing.T) {
-	sts := StatefulSet(cluster(1), "")
+	sts := StatefulSet(cluster(1), Images{})
 	pvc := sts.Spec.VolumeClaimTemplates[0]
 	if pvc.Spec.StorageClassName != nil {
 		t.Errorf("an empty storageClassName must use the cluster default, got %q", *pvc.Spec.StorageClassName)
 	}
 	if got := pvc.Spec.Resources.Requests.Storage().String(); got != "1Gi" {
 		t.Errorf("default size = %s, want 1Gi", got)
+	}
+}
+
+func TestStatefulSetRestoresFromABackup(t *testing.T) {
+	kvc := cluster(3)
+	if sts := StatefulSet(kvc, Images{Operator: "op:1"}); len(sts.Spec.Template.Spec.InitContainers) != 0 {
+		t.Fatal("a cluster without spec.restore must not restore")
+	}
+	kvc.Spec.Restore = &kvv1.RestoreSpec{
+		S3:     kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", Region: "us-east-1", Insecure: true, CredentialsSecret: "creds"},
+		Key:    "team/prod/kv/kv-final.db",
+		SHA256: strings.Repeat("0f", 32),
+	}
+	pod := StatefulSet(kvc, Images{Operator: "op:1"}).Spec.Template.Spec
+	if len(pod.InitContainers) != 2 {
+		t.Fatalf("init containers = %d, want fetch and apply", len(pod.InitContainers))
+	}
+	fetch, apply := pod.InitContainers[0], pod.InitContainers[1]
+	if *fetch.Image != "op:1" || len(fetch.Env) != 2 || *fetch.Env[0].ValueFrom.SecretKeyRef.Name != "creds" {
+		t.Errorf("fetch runs the operator image with the credentials: %s %+v", *fetch.Image, fetch.Env)
+	}
+	fetchArgs := strings.Join(fetch.Args, " ")
+	for _, want := range []string{"--key=team/prod/kv/kv-final.db", "--sha256=" + strings.Repeat("0f", 32), "--insecure", "--data-dir=/var/lib/etcd/data"} {
+		if !strings.Contains(fetchArgs, want) {
+			t.Errorf("fetch args lack %q: %s", want, fetchArgs)
+		}
+	}
+	// The restore itself runs in the etcd image of the cluster's own version, without credentials,
+	// and gives each member exactly the membership etcd will start with.
+	if *apply.Image != "gcr.io/etcd-development/etcd:v3.7.3" || len(apply.Env) != 1 {
+		t.Errorf("apply image %s env %+v", *apply.Image, apply.Env)
+	}
+	applyArgs := strings.Join(apply.Args, " ")
+	etcdArgs := strings.Join(EtcdArgs(kvc), " ")
+	for _, flag := range []string{"--initial-cluster=", "--initial-cluster-token=", "--initial-advertise-peer-urls="} {
+		i := strings.Index(etcdArgs, flag)
+		same := strings.Fields(etcdArgs[i:])[0]
+		if !strings.Contains(applyArgs, same) {
+			t.Errorf("restore uses a different %s than etcd: %s vs %s", flag, applyArgs, same)
+		}
+	}
+	if len(pod.Volumes) != 1 || pod.Volumes[0].EmptyDir == nil {
+		t.Errorf("the copied restore program needs a shared emptyDir: %+v", pod.Volumes)
 	}
 }

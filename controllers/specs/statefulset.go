@@ -35,7 +35,14 @@ func QuotaBackendBytes(size resource.Quantity) int64 {
 // podManagementPolicy is Parallel because a new cluster's members must all start to form a quorum.
 // Volumes of scaled-away members are deleted (a removed member's data would make a re-added
 // member crash on stale membership); volumes are retained when the whole cluster is deleted.
-func StatefulSet(kvc *kvv1.KVCluster, defaultRepository string) *appsv1ac.StatefulSetApplyConfiguration {
+// Images are the images members run: etcd from EtcdRepository (unless the cluster names its own),
+// and the operator's own image for the restore program.
+type Images struct {
+	EtcdRepository string
+	Operator       string
+}
+
+func StatefulSet(kvc *kvv1.KVCluster, img Images) *appsv1ac.StatefulSetApplyConfiguration {
 	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
 		WithLabels(Labels(kvc)).
 		WithOwnerReferences(OwnerReference(kvc)).
@@ -48,12 +55,12 @@ func StatefulSet(kvc *kvv1.KVCluster, defaultRepository string) *appsv1ac.Statef
 			WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
 				WithWhenDeleted(appsv1.RetainPersistentVolumeClaimRetentionPolicyType).
 				WithWhenScaled(appsv1.DeletePersistentVolumeClaimRetentionPolicyType)).
-			WithTemplate(podTemplate(kvc, defaultRepository)).
+			WithTemplate(podTemplate(kvc, img)).
 			WithVolumeClaimTemplates(volumeClaimTemplate(kvc)))
 }
 
-func podTemplate(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.PodTemplateSpecApplyConfiguration {
-	return corev1ac.PodTemplateSpec().
+func podTemplate(kvc *kvv1.KVCluster, img Images) *corev1ac.PodTemplateSpecApplyConfiguration {
+	spec := corev1ac.PodTemplateSpec().
 		WithLabels(Labels(kvc)).
 		WithSpec(corev1ac.PodSpec().
 			// etcd never talks to the Kubernetes API.
@@ -71,7 +78,12 @@ func podTemplate(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.PodTem
 					WithPodAffinityTerm(corev1ac.PodAffinityTerm().
 						WithTopologyKey(corev1.LabelHostname).
 						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
-			WithContainers(etcdContainer(kvc, defaultRepository)))
+			WithContainers(etcdContainer(kvc, img.EtcdRepository)))
+	if kvc.Spec.Restore != nil {
+		spec.Spec.WithInitContainers(restoreInitContainers(kvc, img)...).
+			WithVolumes(corev1ac.Volume().WithName(restoreToolsVolume).WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
+	}
+	return spec
 }
 
 func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.ContainerApplyConfiguration {
@@ -81,8 +93,7 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 		WithImagePullPolicy(corev1.PullIfNotPresent).
 		WithCommand("/usr/local/bin/etcd").
 		WithArgs(EtcdArgs(kvc)...).
-		WithEnv(corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
-			WithFieldRef(corev1ac.ObjectFieldSelector().WithAPIVersion("v1").WithFieldPath("metadata.name")))).
+		WithEnv(podNameEnv()).
 		WithPorts(
 			containerPort("client", ClientPort),
 			containerPort("peer", PeerPort),
@@ -93,11 +104,7 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 		WithStartupProbe(probe("/livez").WithPeriodSeconds(5).WithFailureThreshold(60)).
 		WithLivenessProbe(probe("/livez").WithPeriodSeconds(10).WithFailureThreshold(6)).
 		WithReadinessProbe(probe("/readyz").WithPeriodSeconds(5).WithFailureThreshold(3)).
-		WithSecurityContext(corev1ac.SecurityContext().
-			WithAllowPrivilegeEscalation(false).
-			WithReadOnlyRootFilesystem(true).
-			WithRunAsNonRoot(true).
-			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")))
+		WithSecurityContext(restrictedContainer())
 	if r := kvc.Spec.Resources; len(r.Limits) > 0 || len(r.Requests) > 0 {
 		rr := corev1ac.ResourceRequirements()
 		if len(r.Limits) > 0 {
@@ -114,7 +121,7 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 // EtcdArgs are the etcd server flags of every member. $(POD_NAME) is expanded by the kubelet. No
 // --experimental-* flag is used: etcd 3.7 removed them all and refuses to start with one.
 func EtcdArgs(kvc *kvv1.KVCluster) []string {
-	self := fmt.Sprintf("$(POD_NAME).%s.%s.svc", PeerServiceName(kvc), kvc.Namespace)
+	self := selfHost(kvc)
 	return []string{
 		"--name=$(POD_NAME)",
 		"--data-dir=" + dataDir,
@@ -122,16 +129,28 @@ func EtcdArgs(kvc *kvv1.KVCluster) []string {
 		fmt.Sprintf("--listen-peer-urls=http://0.0.0.0:%d", PeerPort),
 		fmt.Sprintf("--listen-metrics-urls=http://0.0.0.0:%d", MetricsPort),
 		fmt.Sprintf("--advertise-client-urls=http://%s:%d", self, ClientPort),
-		fmt.Sprintf("--initial-advertise-peer-urls=http://%s:%d", self, PeerPort),
+		"--initial-advertise-peer-urls=" + selfPeerURL(kvc),
 		"--initial-cluster=" + InitialCluster(kvc),
 		"--initial-cluster-state=new",
-		"--initial-cluster-token=" + kvc.Namespace + "-" + kvc.Name,
+		"--initial-cluster-token=" + clusterToken(kvc),
 		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(StorageSize(kvc)), 10),
 		// Keep one hour of history, so the database does not grow without bound.
 		"--auto-compaction-mode=periodic",
 		"--auto-compaction-retention=1h",
 	}
 }
+
+// selfHost is the member's own DNS name, with $(POD_NAME) expanded by the kubelet.
+func selfHost(kvc *kvv1.KVCluster) string {
+	return fmt.Sprintf("$(POD_NAME).%s.%s.svc", PeerServiceName(kvc), kvc.Namespace)
+}
+
+func selfPeerURL(kvc *kvv1.KVCluster) string {
+	return fmt.Sprintf("http://%s:%d", selfHost(kvc), PeerPort)
+}
+
+// clusterToken keeps members of different clusters from ever joining each other.
+func clusterToken(kvc *kvv1.KVCluster) string { return kvc.Namespace + "-" + kvc.Name }
 
 // StorageSize is the requested size of each member's volume (the API defaults it to 1Gi).
 func StorageSize(kvc *kvv1.KVCluster) resource.Quantity {

@@ -129,6 +129,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: resources
       type:
         namedType: io.k8s.api.core.v1.ResourceRequirements
+    - name: restore
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.RestoreSpec
     - name: storage
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.StorageSpec
@@ -208,6 +211,18 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.Phase
   scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.RestoreSpec
+  map:
+    fields:
+    - name: key
+      type:
+        scalar: string
+    - name: s3
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.S3Destination
+    - name: sha256
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.S3Destination
   map:
     fields:

@@ -26,6 +26,10 @@ type KVClusterSpecApplyConfiguration struct {
 	// Backup says where backups go (scheduled ones and the final one taken when the KVCluster is
 	// deleted), how long they are kept, and what happens on deletion.
 	Backup *BackupSpecApplyConfiguration `json:"backup,omitempty"`
+	// Restore bootstraps a new cluster from a backup instead of starting empty. Every member's data
+	// is restored from the snapshot (after its checksum is verified) by the etcdutl of this
+	// cluster's version, before etcd starts. Fixed at creation.
+	Restore *RestoreSpecApplyConfiguration `json:"restore,omitempty"`
 	// Repository is the container image repository for etcd; the image is
 	// "<repository>:v<version>". Defaults to the operator's --etcd-repository
 	// (gcr.io/etcd-development/etcd), e.g. to use a mirror.
@@ -74,6 +78,14 @@ func (b *KVClusterSpecApplyConfiguration) WithBackupSchedule(value string) *KVCl
 // If called multiple times, the Backup field is set to the value of the last call.
 func (b *KVClusterSpecApplyConfiguration) WithBackup(value *BackupSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
 	b.Backup = value
+	return b
+}
+
+// WithRestore sets the Restore field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Restore field is set to the value of the last call.
+func (b *KVClusterSpecApplyConfiguration) WithRestore(value *RestoreSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
+	b.Restore = value
 	return b
 }
 

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvcluster/kvcluster-operator/backup"
+)
+
+// The programs the operator's pods run besides the manager. Each reports a failure as its
+// container's termination message, which the operator and `kubectl describe` show.
+var subcommands = map[string]func(args []string) int{
+	"backup":        runBackup,
+	"restore-fetch": runRestoreFetch,
+	"restore-apply": runRestoreApply,
+}
+
+// s3Flags binds the flags that address an object store; credentials come only from the
+// environment (the pod maps them from the Secret).
+func s3Flags(fs *flag.FlagSet) *backup.S3 {
+	s := &backup.S3{}
+	fs.StringVar(&s.Endpoint, "s3-endpoint", "", "S3 endpoint host[:port]")
+	fs.StringVar(&s.Bucket, "bucket", "", "bucket")
+	fs.StringVar(&s.Key, "key", "", "object key of the snapshot")
+	fs.StringVar(&s.Region, "region", "us-east-1", "region")
+	fs.BoolVar(&s.Insecure, "insecure", false, "plain HTTP (for a store inside the cluster)")
+	return s
+}
+
+func credentialsFromEnv(s *backup.S3) {
+	s.AccessKey, s.SecretKey = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
+}
+
+// requireFlags names the required values that are empty.
+func requireFlags(values map[string]string) error {
+	var missing []string
+	for name, v := range values {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func signalContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return ctx, func() { cancel(); stop() }
+}
+
+// runBackup streams a snapshot of the cluster to the object store; backup Jobs run it. Its JSON
+// result, as termination message, is how the operator learns size, checksum and revision.
+func runBackup(args []string) int {
+	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
+	endpoints := fs.String("endpoints", "", "comma-separated client URLs of the etcd members")
+	dst := s3Flags(fs)
+	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	terminationLog := fs.String("termination-log", "/dev/termination-log", "where the result is written for the operator")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	credentialsFromEnv(dst)
+	if err := requireFlags(map[string]string{"--endpoints": *endpoints, "--s3-endpoint": dst.Endpoint, "--bucket": dst.Bucket,
+		"--key": dst.Key, "AWS_ACCESS_KEY_ID": dst.AccessKey, "AWS_SECRET_ACCESS_KEY": dst.SecretKey}); err != nil {
+		return fail(*terminationLog, "backup", err)
+	}
+	ctx, cancel := signalContext(*timeout)
+	defer cancel()
+	res, err := backup.Take(ctx, strings.Split(*endpoints, ","), *dst, time.Now)
+	if err != nil {
+		return fail(*terminationLog, "backup", err)
+	}
+	out, _ := json.Marshal(res)
+	fmt.Println(string(out))
+	if err := os.WriteFile(*terminationLog, out, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "write the termination log:", err)
+	}
+	return 0
+}
+
+// runRestoreFetch is a restoring member's first init container (operator image): it copies this
+// binary for the second one and downloads and verifies the snapshot, unless the member has data.
+func runRestoreFetch(args []string) int {
+	fs := flag.NewFlagSet("restore-fetch", flag.ContinueOnError)
+	src := s3Flags(fs)
+	sha := fs.String("sha256", "", "expected sha256 of the snapshot (default: from its metadata)")
+	dataDir := fs.String("data-dir", "", "the member's etcd data dir")
+	out := fs.String("out", "", "where to put the snapshot")
+	copyTo := fs.String("copy-self-to", "", "copy this program here, for the init container in the etcd image")
+	terminationLog := fs.String("termination-log", "/dev/termination-log", "where a failure is written")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	credentialsFromEnv(src)
+	if err := requireFlags(map[string]string{"--s3-endpoint": src.Endpoint, "--bucket": src.Bucket, "--key": src.Key,
+		"--data-dir": *dataDir, "--out": *out, "--copy-self-to": *copyTo}); err != nil {
+		return fail(*terminationLog, "restore", err)
+	}
+	if err := backup.CopyExecutable(*copyTo); err != nil {
+		return fail(*terminationLog, "restore", fmt.Errorf("copy the restore program: %w", err))
+	}
+	ctx, cancel := signalContext(30 * time.Minute)
+	defer cancel()
+	skipped, err := backup.Fetch(ctx, *src, *sha, *dataDir, *out)
+	if err != nil {
+		return fail(*terminationLog, "restore", err)
+	}
+	if skipped {
+		fmt.Println("the member already has data: nothing to restore")
+	} else {
+		fmt.Printf("fetched and verified s3://%s/%s\n", src.Bucket, src.Key)
+	}
+	return 0
+}
+
+// runRestoreApply is a restoring member's second init container: it runs in the etcd image of the
+// cluster's version and restores the fetched snapshot with that image's etcdutl.
+func runRestoreApply(args []string) int {
+	fs := flag.NewFlagSet("restore-apply", flag.ContinueOnError)
+	etcdutl := fs.String("etcdutl", "/usr/local/bin/etcdutl", "etcdutl of the cluster's version")
+	snapshot := fs.String("snapshot", "", "the fetched snapshot")
+	dataDir := fs.String("data-dir", "", "the member's etcd data dir")
+	var m backup.Member
+	fs.StringVar(&m.Name, "name", "", "member name")
+	fs.StringVar(&m.InitialCluster, "initial-cluster", "", "the new cluster's members")
+	fs.StringVar(&m.Token, "initial-cluster-token", "", "the new cluster's token")
+	fs.StringVar(&m.PeerURL, "initial-advertise-peer-urls", "", "this member's peer URL")
+	terminationLog := fs.String("termination-log", "/dev/termination-log", "where a failure is written")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := requireFlags(map[string]string{"--snapshot": *snapshot, "--data-dir": *dataDir, "--name": m.Name,
+		"--initial-cluster": m.InitialCluster, "--initial-cluster-token": m.Token, "--initial-advertise-peer-urls": m.PeerURL}); err != nil {
+		return fail(*terminationLog, "restore", err)
+	}
+	ctx, cancel := signalContext(30 * time.Minute)
+	defer cancel()
+	skipped, err := backup.Apply(ctx, *etcdutl, *snapshot, *dataDir, m)
+	if err != nil {
+		return fail(*terminationLog, "restore", err)
+	}
+	if skipped {
+		fmt.Println("the member already has data: nothing to restore")
+	} else {
+		fmt.Printf("restored %s into %s as member %s\n", *snapshot, *dataDir, m.Name)
+	}
+	return 0
+}
+
+func fail(terminationLog, what string, err error) int {
+	msg := what + " failed: " + err.Error()
+	fmt.Fprintln(os.Stderr, msg)
+	_ = os.WriteFile(terminationLog, []byte(msg), 0o644)
+	return 1
+}
