@@ -44,6 +44,8 @@ type Result struct {
 	Member         string    `json:"member"`
 	StartTime      time.Time `json:"startTime"`
 	CompletionTime time.Time `json:"completionTime"`
+	// Pruned are the older snapshots the retention deleted after this one was verified.
+	Pruned []string `json:"pruned,omitempty"`
 }
 
 // ErrObjectExists means the destination already holds an object: a backup never overwrites one.
@@ -54,8 +56,9 @@ var ErrObjectExists = errors.New("the destination object already exists; a backu
 const partSize = 8 << 20
 
 // Take streams a snapshot of the healthiest member among endpoints to dst, hashing it on the way,
-// then reads the object back to verify it and writes its metadata beside it.
-func Take(ctx context.Context, endpoints []string, dst S3, now func() time.Time) (Result, error) {
+// then reads the object back to verify it, writes its metadata beside it, and only then prunes
+// older snapshots as the retention says.
+func Take(ctx context.Context, endpoints []string, dst S3, retention Retention, now func() time.Time) (Result, error) {
 	res := Result{StartTime: now().UTC(), Location: fmt.Sprintf("s3://%s/%s", dst.Bucket, dst.Key)}
 	member, err := pickMember(ctx, endpoints)
 	if err != nil {
@@ -102,6 +105,10 @@ func Take(ctx context.Context, endpoints []string, dst S3, now func() time.Time)
 	opts.SetMatchETagExcept("*")
 	if _, err := store.PutObject(ctx, dst.Bucket, dst.Key+MetadataSuffix, bytes.NewReader(meta), int64(len(meta)), opts); err != nil {
 		return res, fmt.Errorf("write metadata %s%s: %w", dst.Key, MetadataSuffix, describe(err))
+	}
+	res.Pruned, err = Prune(ctx, store, dst.Bucket, dst.Key, retention, now())
+	if err != nil {
+		return res, fmt.Errorf("the backup %s succeeded, but pruning old ones failed: %w", res.Location, err)
 	}
 	return res, nil
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,7 +153,7 @@ func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
 	}
 
 	clock := func() time.Time { return time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC) }
-	res, err := Take(ctx, []string{"http://127.0.0.1:1", endpoint}, s3.dest("prod/kv/kv-29933460.db"), clock)
+	res, err := Take(ctx, []string{"http://127.0.0.1:1", endpoint}, s3.dest("prod/kv/kv-29933460.db"), Retention{}, clock)
 	if err != nil {
 		t.Fatalf("backup: %v", err)
 	}
@@ -216,7 +217,7 @@ func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
 	}
 
 	// A second backup to the same object is refused and leaves the first one intact.
-	_, err = Take(ctx, []string{endpoint}, s3.dest("prod/kv/kv-29933460.db"), clock)
+	_, err = Take(ctx, []string{endpoint}, s3.dest("prod/kv/kv-29933460.db"), Retention{}, clock)
 	if !errors.Is(err, ErrObjectExists) {
 		t.Fatalf("second backup to the same key: %v, want ErrObjectExists", err)
 	}
@@ -234,15 +235,15 @@ func TestBackupErrorsSayWhatIsWrong(t *testing.T) {
 
 	bad := s3.dest("kv/wrong-secret.db")
 	bad.SecretKey = "not-the-secret"
-	if _, err := Take(ctx, []string{endpoint}, bad, clock); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
+	if _, err := Take(ctx, []string{endpoint}, bad, Retention{}, clock); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
 		t.Errorf("wrong secret: %v", err)
 	}
 	noBucket := s3.dest("kv/x.db")
 	noBucket.Bucket = "missing"
-	if _, err := Take(ctx, []string{endpoint}, noBucket, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
+	if _, err := Take(ctx, []string{endpoint}, noBucket, Retention{}, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
 		t.Errorf("missing bucket: %v", err)
 	}
-	if _, err := Take(ctx, []string{"http://127.0.0.1:1"}, s3.dest("kv/y.db"), clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
+	if _, err := Take(ctx, []string{"http://127.0.0.1:1"}, s3.dest("kv/y.db"), Retention{}, clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
 		t.Errorf("no member: %v", err)
 	}
 }
@@ -259,4 +260,58 @@ func download(t *testing.T, s s3Server, key string) []byte {
 		t.Fatalf("download %s: %v", key, err)
 	}
 	return data
+}
+
+func TestRetentionPrunesOnlyOldScheduledSnapshots(t *testing.T) {
+	etcd := requireBinary(t, "KVC_ETCD_DIR", "etcd")
+	ctx := context.Background()
+	s3 := startS3(t)
+	endpoint := startEtcd(t, etcd, t.TempDir(), "retention")
+	untouchable := []string{"prod/kv/kv-final.db", "prod/kv/kvx-1.db", "prod/kv/notes.txt", "prod/other/kv-1.db"}
+	for _, key := range untouchable {
+		if _, err := s3.client.PutObject(ctx, "backups", key, strings.NewReader("x"), 1, minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keep2 := Retention{KeepLast: 2, Cluster: "kv"}
+	for i := 1; i <= 4; i++ {
+		res, err := Take(ctx, []string{endpoint}, s3.dest(fmt.Sprintf("prod/kv/kv-%d.db", i)), keep2, time.Now)
+		if err != nil {
+			t.Fatalf("backup %d: %v", i, err)
+		}
+		if i >= 3 && (len(res.Pruned) != 1 || res.Pruned[0] != fmt.Sprintf("prod/kv/kv-%d.db", i-2)) {
+			t.Errorf("backup %d pruned %v, want only kv-%d.db", i, res.Pruned, i-2)
+		}
+	}
+	want := append([]string{"prod/kv/kv-3.db", "prod/kv/kv-3.db.meta.json", "prod/kv/kv-4.db", "prod/kv/kv-4.db.meta.json"}, untouchable...)
+	if got := listKeys(t, s3); strings.Join(got, " ") != strings.Join(sorted(want), " ") {
+		t.Errorf("bucket after keepLast=2:\n got %v\nwant %v", got, sorted(want))
+	}
+
+	// An age limit deletes older snapshots too, but never the newest.
+	pruned, err := Prune(ctx, s3.client, "backups", "prod/kv/kv-4.db", Retention{KeepLast: 10, MaxAge: time.Hour, Cluster: "kv"}, time.Now().Add(3*time.Hour))
+	if err != nil || len(pruned) != 1 || pruned[0] != "prod/kv/kv-3.db" {
+		t.Errorf("maxAge pruned %v (%v), want only kv-3.db", pruned, err)
+	}
+	if got := listKeys(t, s3); !slices.Contains(got, "prod/kv/kv-4.db") {
+		t.Errorf("the newest snapshot was pruned: %v", got)
+	}
+}
+
+func listKeys(t *testing.T, s s3Server) []string {
+	t.Helper()
+	var keys []string
+	for obj := range s.client.ListObjects(context.Background(), "backups", minio.ListObjectsOptions{Recursive: true}) {
+		if obj.Err != nil {
+			t.Fatal(obj.Err)
+		}
+		keys = append(keys, obj.Key)
+	}
+	return sorted(keys)
+}
+
+func sorted(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
 }

@@ -243,10 +243,10 @@ func (r *KVClusterReconciler) announceBackup(kvc *kvv1.KVCluster, rec *kvv1.Back
 	r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonBackupFailed, "Backup", "backup %s failed: %s", rec.Job, rec.Message)
 }
 
-// pruneBackupJobs keeps the newest keepLast successful scheduled Jobs and the newest failed one,
+// pruneBackupJobs keeps the newest jobHistoryLimit successful scheduled Jobs and the newest failed one,
 // so finished Jobs never pile up. It never touches a running Job or the final backup's.
 func (r *KVClusterReconciler) pruneBackupJobs(ctx context.Context, kvc *kvv1.KVCluster, jobs []backupJob) error {
-	keep := map[bool]int{true: int(kvc.Spec.Backup.KeepLast), false: 1}
+	keep := map[bool]int{true: int(kvc.Spec.Backup.JobHistoryLimit), false: 1}
 	finished := slices.DeleteFunc(slices.Clone(jobs), func(bj backupJob) bool {
 		return !bj.done || bj.job.Labels[specs.BackupKindLabel] != specs.BackupScheduled
 	})

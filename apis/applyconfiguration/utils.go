@@ -18,6 +18,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 	// Group=kvcluster.io, Version=v1alpha1
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupRecord"):
 		return &apisv1alpha1.BackupRecordApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("BackupRetention"):
+		return &apisv1alpha1.BackupRetentionApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupSpec"):
 		return &apisv1alpha1.BackupSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("KVCluster"):

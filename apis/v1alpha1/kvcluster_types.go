@@ -114,13 +114,21 @@ type BackupSpec struct {
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
 
-	// KeepLast is how many Jobs of successful backups are kept (failed ones: the last one).
+	// JobHistoryLimit is how many finished Jobs of successful scheduled backups are kept (and the
+	// last failed one), so Jobs never pile up.
 	//
 	// +optional
 	// +kubebuilder:default=3
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
-	KeepLast int32 `json:"keepLast,omitempty"`
+	JobHistoryLimit int32 `json:"jobHistoryLimit,omitempty"`
+
+	// Retention prunes old snapshots of scheduled backups from the bucket after each successful
+	// backup. Final backups are never pruned, nor the newest snapshot.
+	//
+	// +optional
+	// +kubebuilder:default={keepLast: 7}
+	Retention BackupRetention `json:"retention,omitzero"`
 
 	// FinalBackup is Take (default) to snapshot the cluster when the KVCluster is deleted, before
 	// its members go, or Skip. The annotation kvcluster.io/skip-final-backup: "true" skips it for
@@ -146,6 +154,22 @@ type BackupSpec struct {
 	// +optional
 	// +kubebuilder:default=Proceed
 	OnFinalBackupFailure FinalBackupFailurePolicy `json:"onFinalBackupFailure,omitempty"`
+}
+
+// BackupRetention says which snapshots of scheduled backups are kept in the bucket.
+type BackupRetention struct {
+	// KeepLast is how many of the newest snapshots are kept.
+	//
+	// +optional
+	// +kubebuilder:default=7
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	KeepLast int32 `json:"keepLast,omitempty"`
+
+	// MaxAge also deletes snapshots older than this (e.g. "720h"), but never the newest one.
+	//
+	// +optional
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
 }
 
 // FinalBackupPolicy says whether a final backup is taken on deletion.

@@ -64,6 +64,10 @@ func runBackup(args []string) int {
 	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
 	endpoints := fs.String("endpoints", "", "comma-separated client URLs of the etcd members")
 	dst := s3Flags(fs)
+	var retention backup.Retention
+	fs.StringVar(&retention.Cluster, "prune-cluster", "", "after the backup, prune this cluster's older scheduled snapshots (empty: no pruning)")
+	fs.IntVar(&retention.KeepLast, "keep-last", 7, "snapshots kept when pruning")
+	fs.DurationVar(&retention.MaxAge, "max-age", 0, "also prune snapshots older than this (0: no age limit)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	terminationLog := fs.String("termination-log", "/dev/termination-log", "where the result is written for the operator")
 	if err := fs.Parse(args); err != nil {
@@ -76,7 +80,7 @@ func runBackup(args []string) int {
 	}
 	ctx, cancel := signalContext(*timeout)
 	defer cancel()
-	res, err := backup.Take(ctx, strings.Split(*endpoints, ","), *dst, time.Now)
+	res, err := backup.Take(ctx, strings.Split(*endpoints, ","), *dst, retention, time.Now)
 	if err != nil {
 		return fail(*terminationLog, "backup", err)
 	}

@@ -55,6 +55,12 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 	if b.S3.Insecure {
 		args = append(args, "--insecure")
 	}
+	if kind == BackupScheduled { // a final backup prunes nothing: the cluster is going away
+		args = append(args, "--prune-cluster="+kvc.Name, fmt.Sprintf("--keep-last=%d", max(b.Retention.KeepLast, 1)))
+		if b.Retention.MaxAge != nil {
+			args = append(args, "--max-age="+b.Retention.MaxAge.Duration.String())
+		}
+	}
 	labels := Labels(kvc)
 	labels[BackupKindLabel] = kind
 	return batchv1ac.Job(name, kvc.Namespace).

@@ -3,6 +3,7 @@ package specs
 import (
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -240,5 +241,58 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 	}
 	if len(pod.Volumes) != 1 || pod.Volumes[0].EmptyDir == nil {
 		t.Errorf("the copied restore program needs a shared emptyDir: %+v", pod.Volumes)
+	}
+}
+
+func TestBackupJob(t *testing.T) {
+	kvc := cluster(3)
+	kvc.Spec.Backup = &kvv1.BackupSpec{
+		S3:                        kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", Prefix: "team", Region: "eu-1", CredentialsSecret: "creds"},
+		Retention:                 kvv1.BackupRetention{KeepLast: 5, MaxAge: &metav1.Duration{Duration: 72 * time.Hour}},
+		FinalBackupTimeoutSeconds: 120,
+	}
+	tests := []struct {
+		name, kind   string
+		wantArgs     []string
+		unwantedArgs []string
+		deadline     int64
+	}{
+		{"scheduled", BackupScheduled,
+			[]string{"backup", "--key=team/prod/kv/kv-100.db", "--endpoints=http://kv-0.kv-peer.prod.svc:2379,", "--prune-cluster=kv", "--keep-last=5", "--max-age=72h0m0s"},
+			[]string{"--insecure"}, 1800},
+		{"final", BackupFinal,
+			[]string{"backup", "--key=team/prod/kv/kv-100.db", "--timeout=120s"},
+			[]string{"--prune-cluster", "--keep-last"}, 120},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := BackupJob(kvc, "kv-100", tt.kind, "op:1")
+			args := strings.Join(job.Spec.Template.Spec.Containers[0].Args, " ")
+			for _, want := range tt.wantArgs {
+				if !strings.Contains(args, want) {
+					t.Errorf("args lack %q: %s", want, args)
+				}
+			}
+			for _, unwanted := range tt.unwantedArgs {
+				if strings.Contains(args, unwanted) {
+					t.Errorf("args have %q: %s", unwanted, args)
+				}
+			}
+			if *job.Spec.ActiveDeadlineSeconds != tt.deadline || *job.Spec.BackoffLimit != 0 {
+				t.Errorf("deadline %d backoffLimit %d", *job.Spec.ActiveDeadlineSeconds, *job.Spec.BackoffLimit)
+			}
+			if job.Labels[BackupKindLabel] != tt.kind || job.Spec.Template.Labels[ManagedByLabel] != ManagedByValue {
+				t.Errorf("labels %v / pod labels %v", job.Labels, job.Spec.Template.Labels)
+			}
+			c := job.Spec.Template.Spec.Containers[0]
+			for _, e := range c.Env {
+				if e.Value != nil || e.ValueFrom.SecretKeyRef == nil || *e.ValueFrom.SecretKeyRef.Name != "creds" {
+					t.Errorf("credentials must come only from the Secret: %+v", e)
+				}
+			}
+			if *c.Image != "op:1" || !*c.SecurityContext.ReadOnlyRootFilesystem || *job.Spec.Template.Spec.AutomountServiceAccountToken {
+				t.Errorf("image %s, security %+v", *c.Image, c.SecurityContext)
+			}
+		})
 	}
 }

@@ -53,6 +53,16 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: succeeded
       type:
         scalar: boolean
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRetention
+  map:
+    fields:
+    - name: keepLast
+      type:
+        scalar: numeric
+      default: 7
+    - name: maxAge
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupSpec
   map:
     fields:
@@ -64,7 +74,7 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
       default: 600
-    - name: keepLast
+    - name: jobHistoryLimit
       type:
         scalar: numeric
       default: 3
@@ -72,6 +82,11 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupFailurePolicy
       default: Proceed
+    - name: retention
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRetention
+      default:
+        keepLast: 7
     - name: s3
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.S3Destination
@@ -317,6 +332,8 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: string
 - name: io.k8s.apimachinery.pkg.apis.meta.v1.ConditionStatus
+  scalar: string
+- name: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
   scalar: string
 - name: io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1
   map:

@@ -21,8 +21,12 @@ type BackupSpecApplyConfiguration struct {
 	StartingDeadlineSeconds *int32 `json:"startingDeadlineSeconds,omitempty"`
 	// Suspend pauses scheduled backups; the final backup still follows finalBackup.
 	Suspend *bool `json:"suspend,omitempty"`
-	// KeepLast is how many Jobs of successful backups are kept (failed ones: the last one).
-	KeepLast *int32 `json:"keepLast,omitempty"`
+	// JobHistoryLimit is how many finished Jobs of successful scheduled backups are kept (and the
+	// last failed one), so Jobs never pile up.
+	JobHistoryLimit *int32 `json:"jobHistoryLimit,omitempty"`
+	// Retention prunes old snapshots of scheduled backups from the bucket after each successful
+	// backup. Final backups are never pruned, nor the newest snapshot.
+	Retention *BackupRetentionApplyConfiguration `json:"retention,omitempty"`
 	// FinalBackup is Take (default) to snapshot the cluster when the KVCluster is deleted, before
 	// its members go, or Skip. The annotation kvcluster.io/skip-final-backup: "true" skips it for
 	// one deletion, e.g. in an emergency.
@@ -74,11 +78,19 @@ func (b *BackupSpecApplyConfiguration) WithSuspend(value bool) *BackupSpecApplyC
 	return b
 }
 
-// WithKeepLast sets the KeepLast field in the declarative configuration to the given value
+// WithJobHistoryLimit sets the JobHistoryLimit field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
-// If called multiple times, the KeepLast field is set to the value of the last call.
-func (b *BackupSpecApplyConfiguration) WithKeepLast(value int32) *BackupSpecApplyConfiguration {
-	b.KeepLast = &value
+// If called multiple times, the JobHistoryLimit field is set to the value of the last call.
+func (b *BackupSpecApplyConfiguration) WithJobHistoryLimit(value int32) *BackupSpecApplyConfiguration {
+	b.JobHistoryLimit = &value
+	return b
+}
+
+// WithRetention sets the Retention field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Retention field is set to the value of the last call.
+func (b *BackupSpecApplyConfiguration) WithRetention(value *BackupRetentionApplyConfiguration) *BackupSpecApplyConfiguration {
+	b.Retention = value
 	return b
 }
 
