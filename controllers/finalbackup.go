@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -11,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -24,12 +26,23 @@ func wantsFinalBackup(kvc *kvv1.KVCluster) bool {
 	return kvc.Spec.Backup != nil && kvc.Spec.Backup.FinalBackup != kvv1.FinalBackupSkip
 }
 
-// syncFinalizer owns the final-backup finalizer exactly while a final backup is wanted. It is
-// applied to metadata only (the operator never writes the spec), with the UID so a KVCluster
-// deleted meanwhile is never re-created.
+// wantsFinalizer: some step must run on deletion before the members go.
+func wantsFinalizer(kvc *kvv1.KVCluster) bool {
+	return wantsFinalBackup(kvc) || kvc.Spec.Deregistration != nil
+}
+
+// blocksOnFailure: the user chose to keep the KVCluster rather than lose a deletion step.
+func blocksOnFailure(kvc *kvv1.KVCluster) bool {
+	return kvc.Spec.Backup != nil && kvc.Spec.Backup.OnFinalBackupFailure == kvv1.FinalBackupBlock &&
+		kvc.Annotations[kvv1.AnnotationSkipFinalBackup] != "true"
+}
+
+// syncFinalizer owns the finalizer exactly while a deletion step is wanted. It is applied to
+// metadata only (the operator never writes the spec), with the UID so a KVCluster deleted
+// meanwhile is never re-created.
 func (r *KVClusterReconciler) syncFinalizer(ctx context.Context, kvc *kvv1.KVCluster) error {
 	has := slices.Contains(kvc.Finalizers, kvv1.FinalizerFinalBackup)
-	if has == wantsFinalBackup(kvc) {
+	if has == wantsFinalizer(kvc) {
 		return nil
 	}
 	return r.applyFinalizer(ctx, kvc, !has)
@@ -49,91 +62,190 @@ func (r *KVClusterReconciler) applyFinalizer(ctx context.Context, kvc *kvv1.KVCl
 	return nil
 }
 
-// finalBackup runs while a KVCluster with the finalizer is being deleted: its members still run
-// (their owner still exists), so it takes one last backup through the same Job builder and status
-// path as scheduled backups, waits for it, records it, and then lets the deletion go on. Unless
-// the user chose Block, it fails open — a Warning event says what was lost — when the Job cannot
-// start or fails or times out, so a namespace teardown or GitOps prune never hangs for ever.
-func (r *KVClusterReconciler) finalBackup(ctx context.Context, kvc *kvv1.KVCluster) (ctrl.Result, error) {
+// stepOutcome is where a deletion step stands.
+type stepOutcome int
+
+const (
+	stepRunning stepOutcome = iota // look again later
+	stepDone                       // succeeded, skipped, or failed open: go on
+)
+
+// finalize runs while a KVCluster with the finalizer is being deleted. Its members still run
+// (their owner still exists), so it takes a final backup, through the same Job builder and status
+// path as scheduled backups, then runs the deregistration step, and only then lets the deletion
+// go on. Unless the user chose Block, a step that cannot start (the namespace is being deleted),
+// fails or times out is given up with a Warning event saying what was lost, so a namespace
+// teardown or GitOps prune never hangs for ever.
+func (r *KVClusterReconciler) finalize(ctx context.Context, kvc *kvv1.KVCluster) (ctrl.Result, error) {
 	if !slices.Contains(kvc.Finalizers, kvv1.FinalizerFinalBackup) {
 		return ctrl.Result{}, nil
 	}
-	now := r.Clock.Now()
+	for _, step := range []func(context.Context, *kvv1.KVCluster) (stepOutcome, error){r.finalBackupStep, r.deregistrationStep} {
+		outcome, err := step(ctx, kvc)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if outcome == stepRunning {
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+	}
+	return ctrl.Result{}, r.applyFinalizer(ctx, kvc, false)
+}
+
+// announceOnce emits a deletion-step event only before the next step began, so a step that is
+// already over is not announced again while a later one runs.
+func (r *KVClusterReconciler) announceOnce(ctx context.Context, kvc *kvv1.KVCluster, eventType, reason, format string, args ...any) {
+	var job batchv1.Job
+	if kvc.Spec.Deregistration != nil && r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.DeregistrationJobName(kvc)}, &job) == nil {
+		return
+	}
+	r.Recorder.Eventf(kvc, nil, eventType, reason, "Delete", format, args...)
+}
+
+func (r *KVClusterReconciler) finalBackupStep(ctx context.Context, kvc *kvv1.KVCluster) (stepOutcome, error) {
 	if !wantsFinalBackup(kvc) || kvc.Annotations[kvv1.AnnotationSkipFinalBackup] == "true" {
-		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, "FinalBackupSkipped", "FinalBackup",
-			"deleting without a final backup (%s); %s", skipReason(kvc), lastBackupSentence(kvc))
-		return ctrl.Result{}, r.applyFinalizer(ctx, kvc, false)
+		if kvc.Spec.Backup != nil { // a configured backup that is skipped is worth a warning
+			r.announceOnce(ctx, kvc, corev1.EventTypeWarning, "FinalBackupSkipped",
+				"deleting without a final backup (%s); %s", skipReason(kvc), lastBackupSentence(kvc))
+		}
+		return stepDone, nil
 	}
 	b := kvc.Spec.Backup
 	timeout := time.Duration(b.FinalBackupTimeoutSeconds) * time.Second
 	name := specs.FinalBackupJobName(kvc)
-
-	var job batchv1.Job
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &job)
-	if apierrors.IsNotFound(err) {
-		// With Block, a person deletes a failed Job to retry, whenever that is.
-		if b.OnFinalBackupFailure != kvv1.FinalBackupBlock && now.Sub(kvc.DeletionTimestamp.Time) > timeout {
-			return r.giveUpFinalBackup(ctx, kvc, fmt.Sprintf("it could not start within %s", timeout))
+	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.BackupJob(kvc, name, specs.BackupFinal, r.BackupImage))
+	if err != nil || !found {
+		if errors.Is(err, errCannotStart) {
+			return r.giveUp(ctx, kvc, "final backup", err.Error())
 		}
-		err = r.Client.Apply(ctx, specs.BackupJob(kvc, name, specs.BackupFinal, r.BackupImage), client.FieldOwner(specs.FieldManager), client.ForceOwnership)
-		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
-			return r.giveUpFinalBackup(ctx, kvc, "its namespace is being deleted, so no Job can start there")
-		}
-		if err != nil {
-			return ctrl.Result{}, fmt.Errorf("apply final backup Job %s/%s: %w", kvc.Namespace, name, err)
-		}
-		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "FinalBackupStarted", "FinalBackup", "started the final backup %s before deleting the cluster", name)
-		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		return stepRunning, err
 	}
-	if err != nil {
-		return ctrl.Result{}, fmt.Errorf("get final backup Job %s/%s: %w", kvc.Namespace, name, err)
+	if started {
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "FinalBackupStarted", "Delete", "started the final backup %s before deleting the cluster", name)
 	}
-
-	done, succeeded, finishedAt := jobOutcome(&job)
+	done, succeeded, finishedAt := jobOutcome(job)
 	if !done {
-		if b.OnFinalBackupFailure != kvv1.FinalBackupBlock && now.Sub(kvc.DeletionTimestamp.Time) > timeout+time.Minute {
+		if !blocksOnFailure(kvc) && r.Clock.Now().Sub(kvc.DeletionTimestamp.Time) > timeout+time.Minute {
 			// The Job's own deadline should have ended it; do not wait for ever if it did not.
-			return r.giveUpFinalBackup(ctx, kvc, fmt.Sprintf("it did not finish within %s", timeout))
+			return r.giveUp(ctx, kvc, "final backup", fmt.Sprintf("it did not finish within %s", timeout))
 		}
-		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		return stepRunning, nil
 	}
-	report, err := r.jobReport(ctx, &job)
+	report, err := r.jobReport(ctx, job)
 	if err != nil {
-		return ctrl.Result{}, err
+		return stepRunning, err
 	}
 	st := *kvc.Status.DeepCopy()
-	rec, _ := recordFinishedBackups(&st, []backupJob{{job: &job, done: done, succeeded: succeeded, finishedAt: finishedAt, report: report}}, kvc.Generation)
-	if !succeeded {
-		if err := applyStatus(ctx, r.Client, kvc, st); err != nil {
-			return ctrl.Result{}, err
-		}
-		return r.giveUpFinalBackup(ctx, kvc, "it failed: "+rec.Message)
-	}
+	rec, isNew := recordFinishedBackups(&st, []backupJob{{job: job, done: done, succeeded: succeeded, finishedAt: finishedAt, report: report}}, kvc.Generation)
 	if err := applyStatus(ctx, r.Client, kvc, st); err != nil {
-		return ctrl.Result{}, err
+		return stepRunning, err
 	}
-	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "FinalBackupCompleted", "FinalBackup",
-		"final backup %s wrote %s (%d bytes, revision %d); deleting the cluster", rec.Job, rec.Location, rec.Size, rec.Revision)
-	return ctrl.Result{}, r.applyFinalizer(ctx, kvc, false)
+	if !succeeded {
+		return r.giveUp(ctx, kvc, "final backup", "it failed: "+rec.Message)
+	}
+	if isNew {
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "FinalBackupCompleted", "Delete",
+			"final backup %s wrote %s (%d bytes, revision %d); deleting the cluster", rec.Job, rec.Location, rec.Size, rec.Revision)
+	}
+	return stepDone, nil
 }
 
-// giveUpFinalBackup fails open (the default) or keeps blocking (onFinalBackupFailure: Block).
-func (r *KVClusterReconciler) giveUpFinalBackup(ctx context.Context, kvc *kvv1.KVCluster, why string) (ctrl.Result, error) {
-	if kvc.Spec.Backup.OnFinalBackupFailure == kvv1.FinalBackupBlock {
-		msg := fmt.Sprintf("the final backup did not succeed: %s. Deletion is blocked (onFinalBackupFailure: Block); "+
-			"fix the cause and delete the Job %s to retry, or annotate %s=true to delete without it", why, specs.FinalBackupJobName(kvc), kvv1.AnnotationSkipFinalBackup)
+func (r *KVClusterReconciler) deregistrationStep(ctx context.Context, kvc *kvv1.KVCluster) (stepOutcome, error) {
+	d := kvc.Spec.Deregistration
+	if d == nil {
+		return stepDone, nil
+	}
+	timeout := time.Duration(d.TimeoutSeconds) * time.Second
+	name := specs.DeregistrationJobName(kvc)
+	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.DeregistrationJob(kvc, r.BackupImage))
+	if err != nil || !found {
+		if errors.Is(err, errCannotStart) {
+			return r.giveUp(ctx, kvc, "deregistration", err.Error())
+		}
+		return stepRunning, err
+	}
+	if started {
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "DeregistrationStarted", "Delete", "started the deregistration Job %s", name)
+		return stepRunning, nil
+	}
+	done, succeeded, _ := jobOutcome(job)
+	if !done {
+		if !blocksOnFailure(kvc) && r.Clock.Now().Sub(kvc.DeletionTimestamp.Time) > timeout+time.Minute {
+			return r.giveUp(ctx, kvc, "deregistration", fmt.Sprintf("it did not finish within %s", timeout))
+		}
+		return stepRunning, nil
+	}
+	report, err := r.jobReport(ctx, job)
+	if err != nil {
+		return stepRunning, err
+	}
+	if !succeeded {
+		if report == "" {
+			report = jobFailureMessage(job)
+		}
+		return r.giveUp(ctx, kvc, "deregistration", "it failed: "+report)
+	}
+	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "DeregistrationSucceeded", "Delete", "deregistration Job %s succeeded: %s", name, report)
+	return stepDone, nil
+}
+
+// errCannotStart means a deletion step's Job cannot be created, now or ever.
+var errCannotStart = errors.New("cannot start")
+
+// runDeletionJob gets the step's Job, creating it when it does not exist yet. found is false when
+// there is no Job to look at; started is true when this call created it.
+func (r *KVClusterReconciler) runDeletionJob(ctx context.Context, kvc *kvv1.KVCluster, name string, timeout time.Duration,
+	desired *batchv1ac.JobApplyConfiguration) (job *batchv1.Job, found, started bool, err error) {
+	job = &batchv1.Job{}
+	err = r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job)
+	if err == nil {
+		return job, true, false, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, false, false, fmt.Errorf("get Job %s/%s: %w", kvc.Namespace, name, err)
+	}
+	// With Block, a person deletes a failed Job to retry, whenever that is.
+	if !blocksOnFailure(kvc) && r.Clock.Now().Sub(kvc.DeletionTimestamp.Time) > timeout {
+		return nil, false, false, fmt.Errorf("%w: it could not start within %s", errCannotStart, timeout)
+	}
+	err = r.Client.Apply(ctx, desired, client.FieldOwner(specs.FieldManager), client.ForceOwnership)
+	if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+		return nil, false, false, fmt.Errorf("%w: its namespace is being deleted, so no Job can start there", errCannotStart)
+	}
+	if err != nil {
+		return nil, false, false, fmt.Errorf("apply Job %s/%s: %w", kvc.Namespace, name, err)
+	}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job); err != nil {
+		return nil, false, true, nil // created; the cache has not seen it yet
+	}
+	return job, true, true, nil
+}
+
+// giveUp ends a failed deletion step: fail open (the default) with a Warning event saying what is
+// lost, or keep blocking (onFinalBackupFailure: Block) with a condition that says how to go on.
+func (r *KVClusterReconciler) giveUp(ctx context.Context, kvc *kvv1.KVCluster, step, why string) (stepOutcome, error) {
+	lost := lastBackupSentence(kvc)
+	if step == "deregistration" {
+		lost = "the cluster may still be registered where the step would have removed it"
+	}
+	if blocksOnFailure(kvc) {
+		msg := fmt.Sprintf("the %s did not succeed: %s. Deletion is blocked (onFinalBackupFailure: Block); "+
+			"fix the cause and delete the failed Job to retry, or annotate %s=true to delete without it", step, why, kvv1.AnnotationSkipFinalBackup)
 		st := *kvc.Status.DeepCopy()
 		prev := meta.FindStatusCondition(st.Conditions, kvv1.ConditionBackupSucceeded)
 		if prev == nil || prev.Reason != ReasonFinalBackupFailed {
-			r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonFinalBackupFailed, "FinalBackup", "%s", msg)
+			r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonFinalBackupFailed, "Delete", "%s", msg)
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: kvv1.ConditionBackupSucceeded, Status: metav1.ConditionFalse,
 			Reason: ReasonFinalBackupFailed, Message: msg, ObservedGeneration: kvc.Generation, LastTransitionTime: metav1.NewTime(r.Clock.Now().Truncate(time.Second))})
-		return ctrl.Result{RequeueAfter: time.Minute}, applyStatus(ctx, r.Client, kvc, st)
+		return stepRunning, applyStatus(ctx, r.Client, kvc, st)
 	}
-	r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonFinalBackupFailed, "FinalBackup",
-		"deleting without a final backup because %s; %s", why, lastBackupSentence(kvc))
-	return ctrl.Result{}, r.applyFinalizer(ctx, kvc, false)
+	if step == "deregistration" { // the last step: the finalizer goes right after, so it is said once
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, "DeregistrationFailed", "Delete", "deleting without the %s because %s; %s", step, why, lost)
+		return stepDone, nil
+	}
+	r.announceOnce(ctx, kvc, corev1.EventTypeWarning, ReasonFinalBackupFailed, "deleting without the %s because %s; %s", step, why, lost)
+	return stepDone, nil
 }
 
 func skipReason(kvc *kvv1.KVCluster) string {

@@ -57,8 +57,8 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !kvc.DeletionTimestamp.IsZero() {
-		// The final backup runs first; then the garbage collector removes the owned objects.
-		return r.finalBackup(ctx, &kvc)
+		// The final backup and deregistration run first; then the garbage collector removes the owned objects.
+		return r.finalize(ctx, &kvc)
 	}
 	log := log.FromContext(ctx)
 	now := r.Clock.Now()

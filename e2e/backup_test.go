@@ -106,7 +106,7 @@ func TestBackups(t *testing.T) {
 		kvc *kvv1.KVCluster
 		s3  *s3Store
 	)
-	f := features.New("backups of a real cluster go to a real S3 store").
+	f := features.New("backups of a real cluster go to a real S3 store; deletion backs up and deregisters").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			ns := envconf.RandomName("kvc-backup", 16)
 			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -121,6 +121,9 @@ func TestBackups(t *testing.T) {
 					Backup: &kvv1.BackupSpec{S3: kvv1.S3Destination{
 						Endpoint: "s3." + ns + ".svc:7070", Bucket: bucket, Prefix: "e2e", Insecure: true, CredentialsSecret: "s3-credentials",
 					}},
+					// A real HTTP call during deletion: the dying cluster still answers on its client Service.
+					Deregistration: &kvv1.DeregistrationSpec{HTTP: &kvv1.HTTPDeregistration{
+						URL: "http://orders-client." + ns + ".svc:2379/version", Method: "GET"}},
 				},
 			}
 			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
@@ -161,7 +164,7 @@ func TestBackups(t *testing.T) {
 			}
 			return ctx
 		}).
-		Assess("deleting the KVCluster takes a final backup, then everything goes", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+		Assess("deleting the KVCluster takes a final backup, deregisters, then everything goes", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			etcdctl(ctx, t, cfg, kvc, kvc.Name+"-0", "put", "orders/2", "one tea, written just before deletion")
 			if err := cfg.Client().Resources().Delete(ctx, get(ctx, t, cfg, kvc)); err != nil {
 				t.Fatal(err)
@@ -182,15 +185,16 @@ func TestBackups(t *testing.T) {
 			}
 			var evs corev1.EventList
 			_ = cfg.Client().Resources(kvc.Namespace).List(ctx, &evs)
-			found := false
+			seen := map[string]bool{}
 			for _, e := range evs.Items {
-				if e.Reason == "FinalBackupCompleted" {
-					found = true
+				switch e.Reason {
+				case "FinalBackupCompleted", "DeregistrationSucceeded", "DeregistrationFailed", "FinalBackupFailed":
+					seen[e.Reason] = true
 					t.Logf("event: %s %s", e.Reason, e.Message)
 				}
 			}
-			if !found {
-				t.Error("no FinalBackupCompleted event")
+			if !seen["FinalBackupCompleted"] || !seen["DeregistrationSucceeded"] {
+				t.Errorf("want FinalBackupCompleted and DeregistrationSucceeded events, saw %v", seen)
 			}
 			return ctx
 		}).

@@ -22,6 +22,12 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.BackupRetentionApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupSpec"):
 		return &apisv1alpha1.BackupSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DeregistrationSpec"):
+		return &apisv1alpha1.DeregistrationSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("HTTPDeregistration"):
+		return &apisv1alpha1.HTTPDeregistrationApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("JobDeregistration"):
+		return &apisv1alpha1.JobDeregistrationApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("KVCluster"):
 		return &apisv1alpha1.KVClusterApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("KVClusterSpec"):

@@ -56,6 +56,13 @@ type KVClusterSpec struct {
 	// +optional
 	Restore *RestoreSpec `json:"restore,omitempty"`
 
+	// Deregistration runs once on deletion, after the final backup and before the cluster goes,
+	// e.g. to remove it from a service registry. Its failure follows backup.onFinalBackupFailure
+	// (default: proceed with a Warning event).
+	//
+	// +optional
+	Deregistration *DeregistrationSpec `json:"deregistration,omitempty"`
+
 	// Repository is the container image repository for etcd; the image is
 	// "<repository>:v<version>". Defaults to the operator's --etcd-repository
 	// (gcr.io/etcd-development/etcd), e.g. to use a mirror.
@@ -235,6 +242,68 @@ type S3Destination struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	CredentialsSecret string `json:"credentialsSecret"`
+}
+
+// DeregistrationSpec is either an HTTP call or a container run to completion; both run as a Job
+// named <cluster>-deregister, so the operator itself never reads a Secret.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.http) != has(self.job)",message="deregistration needs exactly one of http or job"
+type DeregistrationSpec struct {
+	// HTTP sends one request, retried on failure.
+	// +optional
+	HTTP *HTTPDeregistration `json:"http,omitempty"`
+
+	// Job runs a container of your own.
+	// +optional
+	Job *JobDeregistration `json:"job,omitempty"`
+
+	// TimeoutSeconds bounds the whole step.
+	//
+	// +optional
+	// +kubebuilder:default=300
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=3600
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// HTTPDeregistration is a request to a URL, given inline or from a Secret (it may hold a token).
+//
+// +kubebuilder:validation:XValidation:rule="has(self.url) != has(self.urlSecret)",message="http needs exactly one of url or urlSecret"
+type HTTPDeregistration struct {
+	// URL to call.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^https?://`
+	URL string `json:"url,omitempty"`
+
+	// URLSecret is a key of a Secret in the KVCluster's namespace holding the URL.
+	// +optional
+	URLSecret *corev1.SecretKeySelector `json:"urlSecret,omitempty"`
+
+	// Method of the request.
+	// +optional
+	// +kubebuilder:default=POST
+	// +kubebuilder:validation:Enum=POST;PUT;DELETE;GET
+	Method string `json:"method,omitempty"`
+
+	// Retries after a failed attempt (a non-2xx answer or no answer).
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10
+	Retries int32 `json:"retries,omitempty"`
+}
+
+// JobDeregistration is a container of your own, run once.
+type JobDeregistration struct {
+	// Image to run.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+	// Command and Args of the container.
+	// +optional
+	Command []string `json:"command,omitempty"`
+	// +optional
+	Args []string `json:"args,omitempty"`
 }
 
 // RestoreSpec names the backup a new cluster starts from.

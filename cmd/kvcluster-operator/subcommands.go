@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
+	neturl "net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,6 +22,7 @@ var subcommands = map[string]func(args []string) int{
 	"backup":        runBackup,
 	"restore-fetch": runRestoreFetch,
 	"restore-apply": runRestoreApply,
+	"http-call":     runHTTPCall,
 }
 
 // s3Flags binds the flags that address an object store; credentials come only from the
@@ -166,4 +169,69 @@ func fail(terminationLog, what string, err error) int {
 	fmt.Fprintln(os.Stderr, msg)
 	_ = os.WriteFile(terminationLog, []byte(msg), 0o644)
 	return 1
+}
+
+// runHTTPCall is the deregistration Job's HTTP variant: one request, retried with a growing pause
+// until it gets a 2xx answer or runs out of tries or time.
+func runHTTPCall(args []string) int {
+	fs := flag.NewFlagSet("http-call", flag.ContinueOnError)
+	urlEnv := fs.String("url-env", "DEREGISTRATION_URL", "environment variable holding the URL")
+	method := fs.String("method", http.MethodPost, "request method")
+	retries := fs.Int("retries", 3, "retries after a failed attempt")
+	timeout := fs.Duration("timeout", 5*time.Minute, "bound of all attempts")
+	terminationLog := fs.String("termination-log", "/dev/termination-log", "where the outcome is written")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	url := os.Getenv(*urlEnv)
+	if url == "" {
+		return fail(*terminationLog, "deregistration", fmt.Errorf("$%s is empty", *urlEnv))
+	}
+	ctx, cancel := signalContext(*timeout)
+	defer cancel()
+	var last error
+	for attempt := 0; attempt <= *retries; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return fail(*terminationLog, "deregistration", fmt.Errorf("%s %s: out of time after %d attempts: %v", *method, redact(url), attempt, last))
+			case <-time.After(time.Duration(attempt) * 2 * time.Second):
+			}
+		}
+		if last = call(ctx, *method, url); last == nil {
+			msg := fmt.Sprintf("%s %s succeeded", *method, redact(url))
+			fmt.Println(msg)
+			_ = os.WriteFile(*terminationLog, []byte(msg), 0o644)
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "attempt %d: %v\n", attempt+1, last)
+	}
+	return fail(*terminationLog, "deregistration", fmt.Errorf("%s %s failed %d times, last: %v", *method, redact(url), *retries+1, last))
+}
+
+func call(ctx context.Context, method, url string) error {
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(actx, method, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("answered %s", resp.Status)
+	}
+	return nil
+}
+
+// redact keeps a URL's scheme and host only: its path or query may hold a token.
+func redact(raw string) string {
+	u, err := neturl.Parse(raw)
+	if err != nil {
+		return "the URL"
+	}
+	return u.Scheme + "://" + u.Host + "/…"
 }

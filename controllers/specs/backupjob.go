@@ -75,11 +75,7 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 					WithRestartPolicy(corev1.RestartPolicyNever).
 					WithAutomountServiceAccountToken(false).
 					WithEnableServiceLinks(false).
-					WithSecurityContext(corev1ac.PodSecurityContext().
-						WithRunAsNonRoot(true).
-						WithRunAsUser(nonRootUID).
-						WithRunAsGroup(nonRootUID).
-						WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+					WithSecurityContext(restrictedPod()).
 					WithContainers(corev1ac.Container().
 						WithName("backup").
 						WithImage(image).

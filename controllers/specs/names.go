@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
@@ -142,4 +143,13 @@ func restrictedContainer() *corev1ac.SecurityContextApplyConfiguration {
 		WithReadOnlyRootFilesystem(true).
 		WithRunAsNonRoot(true).
 		WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))
+}
+
+// restrictedPod is the pod security context of the restricted Pod Security Standard.
+func restrictedPod() *corev1ac.PodSecurityContextApplyConfiguration {
+	return corev1ac.PodSecurityContext().
+		WithRunAsNonRoot(true).
+		WithRunAsUser(nonRootUID).
+		WithRunAsGroup(nonRootUID).
+		WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))
 }

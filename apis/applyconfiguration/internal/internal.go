@@ -100,10 +100,58 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: timeZone
       type:
         scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeregistrationSpec
+  map:
+    fields:
+    - name: http
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.HTTPDeregistration
+    - name: job
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.JobDeregistration
+    - name: timeoutSeconds
+      type:
+        scalar: numeric
+      default: 300
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupFailurePolicy
   scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupPolicy
   scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.HTTPDeregistration
+  map:
+    fields:
+    - name: method
+      type:
+        scalar: string
+      default: POST
+    - name: retries
+      type:
+        scalar: numeric
+      default: 3
+    - name: url
+      type:
+        scalar: string
+    - name: urlSecret
+      type:
+        namedType: io.k8s.api.core.v1.SecretKeySelector
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.JobDeregistration
+  map:
+    fields:
+    - name: args
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
+    - name: command
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
+    - name: image
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.KVCluster
   map:
     fields:
@@ -131,6 +179,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: backupSchedule
       type:
         scalar: string
+    - name: deregistration
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeregistrationSpec
     - name: partitions
       type:
         scalar: numeric
@@ -300,6 +351,20 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: requests
       type:
         namedType: io.k8s.api.core.v1.ResourceList
+- name: io.k8s.api.core.v1.SecretKeySelector
+  map:
+    fields:
+    - name: key
+      type:
+        scalar: string
+    - name: name
+      type:
+        scalar: string
+      default: ""
+    - name: optional
+      type:
+        scalar: boolean
+    elementRelationship: atomic
 - name: io.k8s.apimachinery.pkg.api.resource.Quantity
   scalar: untyped
   list:

@@ -30,6 +30,10 @@ type KVClusterSpecApplyConfiguration struct {
 	// is restored from the snapshot (after its checksum is verified) by the etcdutl of this
 	// cluster's version, before etcd starts. Fixed at creation.
 	Restore *RestoreSpecApplyConfiguration `json:"restore,omitempty"`
+	// Deregistration runs once on deletion, after the final backup and before the cluster goes,
+	// e.g. to remove it from a service registry. Its failure follows backup.onFinalBackupFailure
+	// (default: proceed with a Warning event).
+	Deregistration *DeregistrationSpecApplyConfiguration `json:"deregistration,omitempty"`
 	// Repository is the container image repository for etcd; the image is
 	// "<repository>:v<version>". Defaults to the operator's --etcd-repository
 	// (gcr.io/etcd-development/etcd), e.g. to use a mirror.
@@ -86,6 +90,14 @@ func (b *KVClusterSpecApplyConfiguration) WithBackup(value *BackupSpecApplyConfi
 // If called multiple times, the Restore field is set to the value of the last call.
 func (b *KVClusterSpecApplyConfiguration) WithRestore(value *RestoreSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
 	b.Restore = value
+	return b
+}
+
+// WithDeregistration sets the Deregistration field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Deregistration field is set to the value of the last call.
+func (b *KVClusterSpecApplyConfiguration) WithDeregistration(value *DeregistrationSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
+	b.Deregistration = value
 	return b
 }
 
