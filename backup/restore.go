@@ -11,9 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 )
 
 // A member is restored in two init containers, because the restore must be done by the etcdutl
@@ -28,27 +25,20 @@ func HasData(dataDir string) bool {
 	return err == nil
 }
 
-// Fetch downloads the snapshot src.Key to out, verifying it against wantSHA256 or, when that is
-// empty, the checksum in the metadata beside it. It does nothing when dataDir has data.
-func Fetch(ctx context.Context, src S3, wantSHA256, dataDir, out string) (skipped bool, err error) {
+// Fetch downloads the snapshot key from store to out, verifying it against wantSHA256 or, when
+// that is empty, the checksum in the metadata beside it. It does nothing when dataDir has data.
+func Fetch(ctx context.Context, store Store, key, wantSHA256, dataDir, out string) (skipped bool, err error) {
 	if HasData(dataDir) {
 		return true, nil
 	}
-	store, err := minio.New(src.Endpoint, &minio.Options{
-		Creds: credentials.NewStaticV4(src.AccessKey, src.SecretKey, ""), Secure: !src.Insecure,
-		Region: src.Region, BucketLookup: minio.BucketLookupPath,
-	})
-	if err != nil {
-		return false, fmt.Errorf("S3 endpoint %q: %w", src.Endpoint, err)
-	}
 	if wantSHA256 == "" {
-		if wantSHA256, err = metadataSHA256(ctx, store, src.Bucket, src.Key); err != nil {
+		if wantSHA256, err = metadataSHA256(ctx, store, key); err != nil {
 			return false, err
 		}
 	}
-	obj, err := store.GetObject(ctx, src.Bucket, src.Key, minio.GetObjectOptions{})
+	obj, err := store.Open(ctx, key)
 	if err != nil {
-		return false, fmt.Errorf("get s3://%s/%s: %w", src.Bucket, src.Key, describe(err))
+		return false, err
 	}
 	defer func() { _ = obj.Close() }()
 	part := out + ".part"
@@ -60,19 +50,19 @@ func Fetch(ctx context.Context, src S3, wantSHA256, dataDir, out string) (skippe
 	hash := sha256.New()
 	if _, err := io.Copy(io.MultiWriter(f, hash), obj); err != nil {
 		_ = f.Close()
-		return false, fmt.Errorf("download s3://%s/%s: %w", src.Bucket, src.Key, describe(err))
+		return false, fmt.Errorf("download %s: %w", store.URI(key), err)
 	}
 	if err := f.Close(); err != nil {
 		return false, err
 	}
 	if got := hex.EncodeToString(hash.Sum(nil)); got != wantSHA256 {
-		return false, fmt.Errorf("s3://%s/%s has sha256 %s, but %s was expected: refusing to restore it", src.Bucket, src.Key, got, wantSHA256)
+		return false, fmt.Errorf("%s has sha256 %s, but %s was expected: refusing to restore it", store.URI(key), got, wantSHA256)
 	}
 	return false, os.Rename(part, out)
 }
 
-func metadataSHA256(ctx context.Context, store *minio.Client, bucket, key string) (string, error) {
-	obj, err := store.GetObject(ctx, bucket, key+MetadataSuffix, minio.GetObjectOptions{})
+func metadataSHA256(ctx context.Context, store Store, key string) (string, error) {
+	obj, err := store.Open(ctx, key+MetadataSuffix)
 	if err == nil {
 		defer func() { _ = obj.Close() }()
 		var meta Result
@@ -80,8 +70,8 @@ func metadataSHA256(ctx context.Context, store *minio.Client, bucket, key string
 			return meta.SHA256, nil
 		}
 	}
-	return "", fmt.Errorf("no sha256 to verify s3://%s/%s against: spec.restore.sha256 is empty and %s%s cannot be read (%v)",
-		bucket, key, key, MetadataSuffix, describe(err))
+	return "", fmt.Errorf("no sha256 to verify %s against: spec.restore.sha256 is empty and its metadata %s cannot be read (%v)",
+		store.URI(key), store.URI(key+MetadataSuffix), err)
 }
 
 // Member is how a restored member joins its new cluster; the same values etcd itself starts with.

@@ -127,102 +127,137 @@ func startS3(t *testing.T) s3Server {
 	return s
 }
 
-func (s s3Server) dest(key string) S3 {
-	return S3{Endpoint: s.endpoint, Bucket: "backups", Key: key, Region: "us-east-1", Insecure: true, AccessKey: s.access, SecretKey: s.secret}
+func (s s3Server) config() S3 {
+	return S3{Endpoint: s.endpoint, Bucket: "backups", Region: "us-east-1", Insecure: true, AccessKey: s.access, SecretKey: s.secret}
+}
+
+func (s s3Server) store(t *testing.T) Store {
+	t.Helper()
+	st, err := NewS3Store(s.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// stores are the two kinds of destination: a real S3 gateway, and a directory as a mounted
+// PersistentVolumeClaim would be.
+func stores(t *testing.T) map[string]func(t *testing.T) Store {
+	return map[string]func(t *testing.T) Store{
+		"s3":  func(t *testing.T) Store { return startS3(t).store(t) },
+		"pvc": func(t *testing.T) Store { return NewDirStore(t.TempDir(), "backups") },
+	}
+}
+
+// read returns an object's content, failing the test when it cannot be read.
+func read(t *testing.T, store Store, key string) []byte {
+	t.Helper()
+	obj, err := store.Open(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obj.Close()
+	data, err := io.ReadAll(obj)
+	if err != nil {
+		t.Fatalf("read %s: %v", key, err)
+	}
+	return data
 }
 
 func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
 	etcd := requireBinary(t, "KVC_ETCD_DIR", "etcd")
 	etcdutl := requireBinary(t, "KVC_ETCD_DIR", "etcdutl")
-	ctx := context.Background()
-	s3 := startS3(t)
-	endpoint := startEtcd(t, etcd, t.TempDir(), "source")
+	for kind, newStore := range stores(t) {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			store := newStore(t)
+			endpoint := startEtcd(t, etcd, t.TempDir(), "source")
+			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			want := map[string]string{}
+			for i := range 200 {
+				k, v := fmt.Sprintf("key/%03d", i), strings.Repeat(fmt.Sprint(i), 100)
+				if _, err := cli.Put(ctx, k, v); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = v
+			}
 
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	want := map[string]string{}
-	for i := range 200 {
-		k, v := fmt.Sprintf("key/%03d", i), strings.Repeat(fmt.Sprint(i), 100)
-		if _, err := cli.Put(ctx, k, v); err != nil {
-			t.Fatal(err)
-		}
-		want[k] = v
-	}
+			const key = "prod/kv/kv-29933460.db"
+			clock := func() time.Time { return time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC) }
+			res, err := Take(ctx, []string{"http://127.0.0.1:1", endpoint}, store, key, Retention{}, clock)
+			if err != nil {
+				t.Fatalf("backup: %v", err)
+			}
+			if res.Member != endpoint || res.Revision < 201 || res.EtcdVersion == "" || res.Size < 4096 || res.Location != store.URI(key) {
+				t.Errorf("result = %+v", res)
+			}
 
-	clock := func() time.Time { return time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC) }
-	res, err := Take(ctx, []string{"http://127.0.0.1:1", endpoint}, s3.dest("prod/kv/kv-29933460.db"), Retention{}, clock)
-	if err != nil {
-		t.Fatalf("backup: %v", err)
-	}
-	if res.Member != endpoint || res.Revision < 201 || res.EtcdVersion == "" || res.Size < 4096 {
-		t.Errorf("result = %+v", res)
-	}
+			// The object's sha256 is what the backup reported, and the metadata beside it says the same.
+			data := read(t, store, key)
+			if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != res.SHA256 || int64(len(data)) != res.Size {
+				t.Errorf("stored object sha256 %x size %d, reported %s size %d", sum, len(data), res.SHA256, res.Size)
+			}
+			var meta Result
+			if err := json.Unmarshal(read(t, store, key+MetadataSuffix), &meta); err != nil {
+				t.Fatal(err)
+			}
+			if meta.SHA256 != res.SHA256 || meta.Revision != res.Revision || meta.Location != res.Location {
+				t.Errorf("metadata = %+v, result = %+v", meta, res)
+			}
 
-	// The object's sha256 is what the backup reported, and the metadata beside it says the same.
-	data := download(t, s3, "prod/kv/kv-29933460.db")
-	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != res.SHA256 || int64(len(data)) != res.Size {
-		t.Errorf("stored object sha256 %x size %d, reported %s size %d", sum, len(data), res.SHA256, res.Size)
-	}
-	var meta Result
-	if err := json.Unmarshal(download(t, s3, "prod/kv/kv-29933460.db"+MetadataSuffix), &meta); err != nil {
-		t.Fatal(err)
-	}
-	if meta.SHA256 != res.SHA256 || meta.Revision != res.Revision || meta.Location != "s3://backups/prod/kv/kv-29933460.db" {
-		t.Errorf("metadata = %+v, result = %+v", meta, res)
-	}
+			// The restore path members use: fetch (verified against the metadata's sha256), then apply
+			// with etcdutl (which also checks etcd's own hash trailer).
+			work := t.TempDir()
+			restored := filepath.Join(work, "data")
+			snapFile := filepath.Join(work, "restore.db")
+			if _, err := Fetch(ctx, store, key, strings.Repeat("0", 64), restored, snapFile); err == nil || !strings.Contains(err.Error(), "refusing to restore") {
+				t.Errorf("a snapshot with the wrong checksum was accepted: %v", err)
+			}
+			if skipped, err := Fetch(ctx, store, key, "", restored, snapFile); err != nil || skipped {
+				t.Fatalf("fetch: skipped %v, %v", skipped, err)
+			}
+			peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+			member := Member{Name: "restored", InitialCluster: "restored=" + peer, Token: "t", PeerURL: peer}
+			if skipped, err := Apply(ctx, etcdutl, snapFile, restored, member); err != nil || skipped {
+				t.Fatalf("apply: skipped %v, %v", skipped, err)
+			}
+			if skipped, err := Fetch(ctx, store, key, "", restored, snapFile); err != nil || !skipped {
+				t.Errorf("a member with data must not fetch again: skipped %v, %v", skipped, err)
+			}
+			if skipped, err := Apply(ctx, etcdutl, snapFile, restored, member); err != nil || !skipped {
+				t.Errorf("a member with data must not restore again: skipped %v, %v", skipped, err)
+			}
+			restoredEndpoint := startEtcd(t, etcd, restored, "restored")
+			rcli, err := clientv3.New(clientv3.Config{Endpoints: []string{restoredEndpoint}, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rcli.Close()
+			got, err := rcli.Get(ctx, "key/", clientv3.WithPrefix())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Kvs) != len(want) {
+				t.Fatalf("restored %d keys, want %d", len(got.Kvs), len(want))
+			}
+			for _, kv := range got.Kvs {
+				if want[string(kv.Key)] != string(kv.Value) {
+					t.Errorf("restored %s = %.20q…", kv.Key, kv.Value)
+				}
+			}
 
-	// The restore path members use: fetch (verified against the metadata's sha256), then apply
-	// with etcdutl (which also checks etcd's own hash trailer).
-	work := t.TempDir()
-	restored := filepath.Join(work, "data")
-	snapFile := filepath.Join(work, "restore.db")
-	src := s3.dest("prod/kv/kv-29933460.db")
-	if _, err := Fetch(ctx, src, strings.Repeat("0", 64), restored, snapFile); err == nil || !strings.Contains(err.Error(), "refusing to restore") {
-		t.Errorf("a snapshot with the wrong checksum was accepted: %v", err)
-	}
-	if skipped, err := Fetch(ctx, src, "", restored, snapFile); err != nil || skipped {
-		t.Fatalf("fetch: skipped %v, %v", skipped, err)
-	}
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	member := Member{Name: "restored", InitialCluster: "restored=" + peer, Token: "t", PeerURL: peer}
-	if skipped, err := Apply(ctx, etcdutl, snapFile, restored, member); err != nil || skipped {
-		t.Fatalf("apply: skipped %v, %v", skipped, err)
-	}
-	if skipped, err := Fetch(ctx, src, "", restored, snapFile); err != nil || !skipped {
-		t.Errorf("a member with data must not fetch again: skipped %v, %v", skipped, err)
-	}
-	if skipped, err := Apply(ctx, etcdutl, snapFile, restored, member); err != nil || !skipped {
-		t.Errorf("a member with data must not restore again: skipped %v, %v", skipped, err)
-	}
-	restoredEndpoint := startEtcd(t, etcd, restored, "restored")
-	rcli, err := clientv3.New(clientv3.Config{Endpoints: []string{restoredEndpoint}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcli.Close()
-	got, err := rcli.Get(ctx, "key/", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got.Kvs) != len(want) {
-		t.Fatalf("restored %d keys, want %d", len(got.Kvs), len(want))
-	}
-	for _, kv := range got.Kvs {
-		if want[string(kv.Key)] != string(kv.Value) {
-			t.Errorf("restored %s = %.20q…", kv.Key, kv.Value)
-		}
-	}
-
-	// A second backup to the same object is refused and leaves the first one intact.
-	_, err = Take(ctx, []string{endpoint}, s3.dest("prod/kv/kv-29933460.db"), Retention{}, clock)
-	if !errors.Is(err, ErrObjectExists) {
-		t.Fatalf("second backup to the same key: %v, want ErrObjectExists", err)
-	}
-	if again := download(t, s3, "prod/kv/kv-29933460.db"); sha256.Sum256(again) != sha256.Sum256(data) {
-		t.Error("the refused backup changed the existing object")
+			// A second backup to the same object is refused and leaves the first one intact.
+			if _, err = Take(ctx, []string{endpoint}, store, key, Retention{}, clock); !errors.Is(err, ErrObjectExists) {
+				t.Fatalf("second backup to the same key: %v, want ErrObjectExists", err)
+			}
+			if again := read(t, store, key); sha256.Sum256(again) != sha256.Sum256(data) {
+				t.Error("the refused backup changed the existing object")
+			}
+		})
 	}
 }
 
@@ -233,79 +268,79 @@ func TestBackupErrorsSayWhatIsWrong(t *testing.T) {
 	endpoint := startEtcd(t, etcd, t.TempDir(), "errs")
 	clock := time.Now
 
-	bad := s3.dest("kv/wrong-secret.db")
+	bad := s3.config()
 	bad.SecretKey = "not-the-secret"
-	if _, err := Take(ctx, []string{endpoint}, bad, Retention{}, clock); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
+	badStore, _ := NewS3Store(bad)
+	if _, err := Take(ctx, []string{endpoint}, badStore, "kv/wrong-secret.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
 		t.Errorf("wrong secret: %v", err)
 	}
-	noBucket := s3.dest("kv/x.db")
+	noBucket := s3.config()
 	noBucket.Bucket = "missing"
-	if _, err := Take(ctx, []string{endpoint}, noBucket, Retention{}, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
+	noBucketStore, _ := NewS3Store(noBucket)
+	if _, err := Take(ctx, []string{endpoint}, noBucketStore, "kv/x.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
 		t.Errorf("missing bucket: %v", err)
 	}
-	if _, err := Take(ctx, []string{"http://127.0.0.1:1"}, s3.dest("kv/y.db"), Retention{}, clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
+	if _, err := Take(ctx, []string{"http://127.0.0.1:1"}, s3.store(t), "kv/y.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
 		t.Errorf("no member: %v", err)
 	}
-}
-
-func download(t *testing.T, s s3Server, key string) []byte {
-	t.Helper()
-	obj, err := s.client.GetObject(context.Background(), "backups", key, minio.GetObjectOptions{})
-	if err != nil {
-		t.Fatal(err)
+	unmounted := NewDirStore(filepath.Join(t.TempDir(), "not-mounted"), "backups")
+	if _, err := Take(ctx, []string{endpoint}, unmounted, "kv/z.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "not mounted") {
+		t.Errorf("unmounted volume: %v", err)
 	}
-	defer obj.Close()
-	data, err := io.ReadAll(obj)
-	if err != nil {
-		t.Fatalf("download %s: %v", key, err)
-	}
-	return data
 }
 
 func TestRetentionPrunesOnlyOldScheduledSnapshots(t *testing.T) {
 	etcd := requireBinary(t, "KVC_ETCD_DIR", "etcd")
-	ctx := context.Background()
-	s3 := startS3(t)
-	endpoint := startEtcd(t, etcd, t.TempDir(), "retention")
-	untouchable := []string{"prod/kv/kv-final.db", "prod/kv/kvx-1.db", "prod/kv/notes.txt", "prod/other/kv-1.db"}
-	for _, key := range untouchable {
-		if _, err := s3.client.PutObject(ctx, "backups", key, strings.NewReader("x"), 1, minio.PutObjectOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	keep2 := Retention{KeepLast: 2, Cluster: "kv"}
-	for i := 1; i <= 4; i++ {
-		res, err := Take(ctx, []string{endpoint}, s3.dest(fmt.Sprintf("prod/kv/kv-%d.db", i)), keep2, time.Now)
-		if err != nil {
-			t.Fatalf("backup %d: %v", i, err)
-		}
-		if i >= 3 && (len(res.Pruned) != 1 || res.Pruned[0] != fmt.Sprintf("prod/kv/kv-%d.db", i-2)) {
-			t.Errorf("backup %d pruned %v, want only kv-%d.db", i, res.Pruned, i-2)
-		}
-	}
-	want := append([]string{"prod/kv/kv-3.db", "prod/kv/kv-3.db.meta.json", "prod/kv/kv-4.db", "prod/kv/kv-4.db.meta.json"}, untouchable...)
-	if got := listKeys(t, s3); strings.Join(got, " ") != strings.Join(sorted(want), " ") {
-		t.Errorf("bucket after keepLast=2:\n got %v\nwant %v", got, sorted(want))
-	}
+	for kind, newStore := range stores(t) {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			store := newStore(t)
+			endpoint := startEtcd(t, etcd, t.TempDir(), "retention")
+			untouchable := []string{"prod/kv/kv-final.db", "prod/kv/kvx-1.db", "prod/kv/notes.txt", "prod/other/kv-1.db"}
+			for _, key := range untouchable {
+				if err := store.PutSmall(ctx, key, []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			keep2 := Retention{KeepLast: 2, Cluster: "kv"}
+			for i := 1; i <= 4; i++ {
+				res, err := Take(ctx, []string{endpoint}, store, fmt.Sprintf("prod/kv/kv-%d.db", i), keep2, time.Now)
+				if err != nil {
+					t.Fatalf("backup %d: %v", i, err)
+				}
+				if i >= 3 && (len(res.Pruned) != 1 || res.Pruned[0] != fmt.Sprintf("prod/kv/kv-%d.db", i-2)) {
+					t.Errorf("backup %d pruned %v, want only kv-%d.db", i, res.Pruned, i-2)
+				}
+			}
+			want := append([]string{"prod/kv/kv-3.db", "prod/kv/kv-3.db.meta.json", "prod/kv/kv-4.db", "prod/kv/kv-4.db.meta.json"}, untouchable...)
+			if got := listKeys(t, store); strings.Join(got, " ") != strings.Join(sorted(want), " ") {
+				t.Errorf("store after keepLast=2:\n got %v\nwant %v", got, sorted(want))
+			}
 
-	// An age limit deletes older snapshots too, but never the newest.
-	pruned, err := Prune(ctx, s3.client, "backups", "prod/kv/kv-4.db", Retention{KeepLast: 10, MaxAge: time.Hour, Cluster: "kv"}, time.Now().Add(3*time.Hour))
-	if err != nil || len(pruned) != 1 || pruned[0] != "prod/kv/kv-3.db" {
-		t.Errorf("maxAge pruned %v (%v), want only kv-3.db", pruned, err)
-	}
-	if got := listKeys(t, s3); !slices.Contains(got, "prod/kv/kv-4.db") {
-		t.Errorf("the newest snapshot was pruned: %v", got)
+			// An age limit deletes older snapshots too, but never the newest.
+			pruned, err := Prune(ctx, store, "prod/kv/kv-4.db", Retention{KeepLast: 10, MaxAge: time.Hour, Cluster: "kv"}, time.Now().Add(3*time.Hour))
+			if err != nil || len(pruned) != 1 || pruned[0] != "prod/kv/kv-3.db" {
+				t.Errorf("maxAge pruned %v (%v), want only kv-3.db", pruned, err)
+			}
+			if got := listKeys(t, store); !slices.Contains(got, "prod/kv/kv-4.db") {
+				t.Errorf("the newest snapshot was pruned: %v", got)
+			}
+		})
 	}
 }
 
-func listKeys(t *testing.T, s s3Server) []string {
+// listKeys lists every object in the test stores' two directories.
+func listKeys(t *testing.T, store Store) []string {
 	t.Helper()
 	var keys []string
-	for obj := range s.client.ListObjects(context.Background(), "backups", minio.ListObjectsOptions{Recursive: true}) {
-		if obj.Err != nil {
-			t.Fatal(obj.Err)
+	for _, dir := range []string{"prod/kv/", "prod/other/"} {
+		objs, err := store.List(context.Background(), dir)
+		if err != nil {
+			t.Fatal(err)
 		}
-		keys = append(keys, obj.Key)
+		for _, o := range objs {
+			keys = append(keys, o.Key)
+		}
 	}
 	return sorted(keys)
 }

@@ -22,7 +22,7 @@ import (
 
 func withBackups(kvc *kvv1.KVCluster, schedule string) *kvv1.KVCluster {
 	kvc.Spec.BackupSchedule = schedule
-	kvc.Spec.Backup = &kvv1.BackupSpec{S3: kvv1.S3Destination{
+	kvc.Spec.Backup = &kvv1.BackupSpec{S3: &kvv1.S3Destination{
 		Endpoint: "s3.backup.svc:7070", Bucket: "backups", Prefix: "team", Insecure: true, CredentialsSecret: "s3-credentials",
 	}}
 	return kvc

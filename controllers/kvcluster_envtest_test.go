@@ -318,7 +318,18 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		{"name too long", func(k *kvv1.KVCluster) { k.Name = strings.Repeat("a", 53) }, "at most 52 characters"},
 		{"name with a dot", func(k *kvv1.KVCluster) { k.Name = "kv.prod" }, "must be a DNS label"},
 		{"name starting with a digit", func(k *kvv1.KVCluster) { k.Name = "1kv" }, "must be a DNS label"},
-		{"schedule without a destination", func(k *kvv1.KVCluster) { k.Spec.Backup = nil }, "backupSchedule needs spec.backup.s3"},
+		{"two backup destinations", func(k *kvv1.KVCluster) { k.Spec.Backup.PVC = &kvv1.PVCDestination{ClaimName: "v"} }, "exactly one destination: s3 or pvc"},
+		{"no backup destination", func(k *kvv1.KVCluster) { k.Spec.Backup.S3 = nil }, "exactly one destination: s3 or pvc"},
+		{"PVC prefix escaping", func(k *kvv1.KVCluster) {
+			k.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "v", Prefix: "a/../.."}}
+		}, "nor contain '..'"},
+		{"restore from two sources", func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3, PVC: &kvv1.PVCDestination{ClaimName: "v"}, Key: "x.db"}
+		}, "exactly one source: s3 or pvc"},
+		{"ok: PVC destination", func(k *kvv1.KVCluster) {
+			k.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}}
+		}, ""},
+		{"schedule without a destination", func(k *kvv1.KVCluster) { k.Spec.Backup = nil }, "backupSchedule needs spec.backup (s3 or pvc)"},
 		{"S3 endpoint with a scheme", func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Endpoint = "https://s3.example.com" }, "without a scheme"},
 		{"S3 bucket with capitals", func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Bucket = "My_Bucket" }, "spec.backup.s3.bucket"},
 		{"S3 prefix with a slash", func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Prefix = "/backups/" }, "must not start or end with '/'"},

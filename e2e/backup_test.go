@@ -118,7 +118,7 @@ func TestBackups(t *testing.T) {
 				Spec: kvv1.KVClusterSpec{
 					Version: "3.7.3", Partitions: 1, BackupSchedule: "*/1 * * * *",
 					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
-					Backup: &kvv1.BackupSpec{S3: kvv1.S3Destination{
+					Backup: &kvv1.BackupSpec{S3: &kvv1.S3Destination{
 						Endpoint: "s3." + ns + ".svc:7070", Bucket: bucket, Prefix: "e2e", Insecure: true, CredentialsSecret: "s3-credentials",
 					}},
 					// A real HTTP call during deletion: the dying cluster still answers on its client Service.
@@ -205,7 +205,7 @@ func TestBackups(t *testing.T) {
 					Version: "3.7.3", Partitions: 3,
 					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
 					Restore: &kvv1.RestoreSpec{
-						S3:  kvv1.S3Destination{Endpoint: "s3." + kvc.Namespace + ".svc:7070", Bucket: bucket, Insecure: true, CredentialsSecret: "s3-credentials"},
+						S3:  &kvv1.S3Destination{Endpoint: "s3." + kvc.Namespace + ".svc:7070", Bucket: bucket, Insecure: true, CredentialsSecret: "s3-credentials"},
 						Key: fmt.Sprintf("e2e/%s/orders/orders-final.db", kvc.Namespace), // its sha256 comes from the metadata beside it
 					},
 				},

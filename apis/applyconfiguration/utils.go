@@ -36,6 +36,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.KVClusterStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("MemberStatus"):
 		return &apisv1alpha1.MemberStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PVCDestination"):
+		return &apisv1alpha1.PVCDestinationApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RestoreSpec"):
 		return &apisv1alpha1.RestoreSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("S3Destination"):

@@ -8,7 +8,7 @@ import (
 
 // KVClusterSpec is the desired state of an etcd-backed key-value cluster.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup.s3: where the backups go"
+// +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup (s3 or pvc): where the backups go"
 // +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.partitions) || self.partitions == oldSelf.partitions",message="partitions cannot be changed yet: this operator release does not add or remove etcd members; create a new KVCluster (restored from a backup) with the size you need"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.version) || self.version == oldSelf.version",message="version cannot be changed yet: this operator release does not perform rolling upgrades; create a new KVCluster (restored from a backup) on the new version"
@@ -93,13 +93,20 @@ type KVClusterSpec struct {
 	ProgressDeadlineSeconds int32 `json:"progressDeadlineSeconds,omitempty"`
 }
 
-// BackupSpec configures backups.
+// BackupSpec configures backups. Snapshots are written to the destination as
+// <prefix>/<namespace>/<name>/<job name>.db, with metadata beside each.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.s3) != has(self.pvc)",message="backup needs exactly one destination: s3 or pvc"
 type BackupSpec struct {
-	// S3 is the S3-compatible bucket the snapshots are written to, as
-	// <prefix>/<namespace>/<name>/<job name>.db with metadata beside each.
+	// S3 is an S3-compatible bucket.
 	//
-	// +required
-	S3 S3Destination `json:"s3"`
+	// +optional
+	S3 *S3Destination `json:"s3,omitempty"`
+
+	// PVC is a PersistentVolumeClaim of the KVCluster's namespace, for clusters without an object store.
+	//
+	// +optional
+	PVC *PVCDestination `json:"pvc,omitempty"`
 
 	// TimeZone of backupSchedule, an IANA name such as "Europe/Berlin". Default: UTC.
 	//
@@ -307,14 +314,21 @@ type JobDeregistration struct {
 }
 
 // RestoreSpec names the backup a new cluster starts from.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.s3) != has(self.pvc)",message="restore needs exactly one source: s3 or pvc"
 type RestoreSpec struct {
-	// S3 is the store holding the snapshot (its prefix is ignored: key is the full object key).
+	// S3 is the bucket holding the snapshot (its prefix is ignored: key is the full object key).
 	//
-	// +required
-	S3 S3Destination `json:"s3"`
+	// +optional
+	S3 *S3Destination `json:"s3,omitempty"`
+
+	// PVC is the PersistentVolumeClaim holding the snapshot (its prefix is ignored), mounted read-only.
+	//
+	// +optional
+	PVC *PVCDestination `json:"pvc,omitempty"`
 
 	// Key of the snapshot object, e.g. "team/prod/orders/orders-final.db" (status.lastBackup.location
-	// of the cluster it came from, without "s3://<bucket>/").
+	// of the cluster it came from, without "s3://<bucket>/" or "pvc://<claim>/").
 	//
 	// +required
 	// +kubebuilder:validation:MinLength=1
@@ -329,13 +343,32 @@ type RestoreSpec struct {
 	SHA256 string `json:"sha256,omitempty"`
 }
 
+// PVCDestination is a directory tree on a PersistentVolumeClaim. Every backup Job mounts it: on a
+// cluster of several nodes use a ReadWriteMany claim, or the Jobs can only run on the node that
+// holds a ReadWriteOnce one.
+type PVCDestination struct {
+	// ClaimName of an existing PersistentVolumeClaim in the KVCluster's namespace.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	ClaimName string `json:"claimName"`
+
+	// Prefix of the paths on the volume, without leading or trailing "/".
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.endsWith('/') && !self.contains('..')",message="prefix must not start or end with '/' nor contain '..'"
+	Prefix string `json:"prefix,omitempty"`
+}
+
 // BackupRecord describes one finished backup.
 type BackupRecord struct {
 	// Job that took it.
 	Job string `json:"job"`
 	// Succeeded says whether the backup completed and was verified.
 	Succeeded bool `json:"succeeded"`
-	// Location of the snapshot, s3://bucket/key.
+	// Location of the snapshot, s3://bucket/key or pvc://claim/key.
 	// +optional
 	Location string `json:"location,omitempty"`
 	// Size in bytes.

@@ -25,20 +25,35 @@ var subcommands = map[string]func(args []string) int{
 	"http-call":     runHTTPCall,
 }
 
-// s3Flags binds the flags that address an object store; credentials come only from the
-// environment (the pod maps them from the Secret).
-func s3Flags(fs *flag.FlagSet) *backup.S3 {
-	s := &backup.S3{}
-	fs.StringVar(&s.Endpoint, "s3-endpoint", "", "S3 endpoint host[:port]")
-	fs.StringVar(&s.Bucket, "bucket", "", "bucket")
-	fs.StringVar(&s.Key, "key", "", "object key of the snapshot")
-	fs.StringVar(&s.Region, "region", "us-east-1", "region")
-	fs.BoolVar(&s.Insecure, "insecure", false, "plain HTTP (for a store inside the cluster)")
-	return s
+// storeFlags are the flags that say where backups are: a bucket (credentials come only from the
+// environment, which the pod maps from the Secret) or a directory where a PersistentVolumeClaim
+// is mounted.
+type storeFlags struct {
+	s3         backup.S3
+	dir, claim string
 }
 
-func credentialsFromEnv(s *backup.S3) {
-	s.AccessKey, s.SecretKey = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
+func bindStore(fs *flag.FlagSet) *storeFlags {
+	f := &storeFlags{}
+	fs.StringVar(&f.s3.Endpoint, "s3-endpoint", "", "S3 endpoint host[:port]")
+	fs.StringVar(&f.s3.Bucket, "bucket", "", "bucket")
+	fs.StringVar(&f.s3.Region, "region", "us-east-1", "region")
+	fs.BoolVar(&f.s3.Insecure, "insecure", false, "plain HTTP (for a store inside the cluster)")
+	fs.StringVar(&f.dir, "dir", "", "keep backups under this directory (a mounted PersistentVolumeClaim) instead of a bucket")
+	fs.StringVar(&f.claim, "claim", "", "name of the PersistentVolumeClaim mounted at --dir, for locations")
+	return f
+}
+
+func (f *storeFlags) open() (backup.Store, error) {
+	if f.dir != "" {
+		return backup.NewDirStore(f.dir, f.claim), nil
+	}
+	f.s3.AccessKey, f.s3.SecretKey = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
+	if err := requireFlags(map[string]string{"--s3-endpoint (or --dir)": f.s3.Endpoint, "--bucket": f.s3.Bucket,
+		"AWS_ACCESS_KEY_ID": f.s3.AccessKey, "AWS_SECRET_ACCESS_KEY": f.s3.SecretKey}); err != nil {
+		return nil, err
+	}
+	return backup.NewS3Store(f.s3)
 }
 
 // requireFlags names the required values that are empty.
@@ -66,7 +81,8 @@ func signalContext(timeout time.Duration) (context.Context, context.CancelFunc) 
 func runBackup(args []string) int {
 	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
 	endpoints := fs.String("endpoints", "", "comma-separated client URLs of the etcd members")
-	dst := s3Flags(fs)
+	where := bindStore(fs)
+	key := fs.String("key", "", "object key of the snapshot")
 	var retention backup.Retention
 	fs.StringVar(&retention.Cluster, "prune-cluster", "", "after the backup, prune this cluster's older scheduled snapshots (empty: no pruning)")
 	fs.IntVar(&retention.KeepLast, "keep-last", 7, "snapshots kept when pruning")
@@ -76,14 +92,16 @@ func runBackup(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	credentialsFromEnv(dst)
-	if err := requireFlags(map[string]string{"--endpoints": *endpoints, "--s3-endpoint": dst.Endpoint, "--bucket": dst.Bucket,
-		"--key": dst.Key, "AWS_ACCESS_KEY_ID": dst.AccessKey, "AWS_SECRET_ACCESS_KEY": dst.SecretKey}); err != nil {
+	if err := requireFlags(map[string]string{"--endpoints": *endpoints, "--key": *key}); err != nil {
+		return fail(*terminationLog, "backup", err)
+	}
+	store, err := where.open()
+	if err != nil {
 		return fail(*terminationLog, "backup", err)
 	}
 	ctx, cancel := signalContext(*timeout)
 	defer cancel()
-	res, err := backup.Take(ctx, strings.Split(*endpoints, ","), *dst, retention, time.Now)
+	res, err := backup.Take(ctx, strings.Split(*endpoints, ","), store, *key, retention, time.Now)
 	if err != nil {
 		return fail(*terminationLog, "backup", err)
 	}
@@ -99,7 +117,8 @@ func runBackup(args []string) int {
 // binary for the second one and downloads and verifies the snapshot, unless the member has data.
 func runRestoreFetch(args []string) int {
 	fs := flag.NewFlagSet("restore-fetch", flag.ContinueOnError)
-	src := s3Flags(fs)
+	where := bindStore(fs)
+	key := fs.String("key", "", "object key of the snapshot")
 	sha := fs.String("sha256", "", "expected sha256 of the snapshot (default: from its metadata)")
 	dataDir := fs.String("data-dir", "", "the member's etcd data dir")
 	out := fs.String("out", "", "where to put the snapshot")
@@ -108,9 +127,11 @@ func runRestoreFetch(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	credentialsFromEnv(src)
-	if err := requireFlags(map[string]string{"--s3-endpoint": src.Endpoint, "--bucket": src.Bucket, "--key": src.Key,
-		"--data-dir": *dataDir, "--out": *out, "--copy-self-to": *copyTo}); err != nil {
+	if err := requireFlags(map[string]string{"--key": *key, "--data-dir": *dataDir, "--out": *out, "--copy-self-to": *copyTo}); err != nil {
+		return fail(*terminationLog, "restore", err)
+	}
+	store, err := where.open()
+	if err != nil {
 		return fail(*terminationLog, "restore", err)
 	}
 	if err := backup.CopyExecutable(*copyTo); err != nil {
@@ -118,14 +139,14 @@ func runRestoreFetch(args []string) int {
 	}
 	ctx, cancel := signalContext(30 * time.Minute)
 	defer cancel()
-	skipped, err := backup.Fetch(ctx, *src, *sha, *dataDir, *out)
+	skipped, err := backup.Fetch(ctx, store, *key, *sha, *dataDir, *out)
 	if err != nil {
 		return fail(*terminationLog, "restore", err)
 	}
 	if skipped {
 		fmt.Println("the member already has data: nothing to restore")
 	} else {
-		fmt.Printf("fetched and verified s3://%s/%s\n", src.Bucket, src.Key)
+		fmt.Printf("fetched and verified %s\n", store.URI(*key))
 	}
 	return 0
 }

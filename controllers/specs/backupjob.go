@@ -27,10 +27,45 @@ func FinalBackupJobName(kvc *kvv1.KVCluster) string { return kvc.Name + "-final"
 // BackupObjectKey is the object a backup Job writes: <prefix>/<namespace>/<name>/<job>.db.
 func BackupObjectKey(kvc *kvv1.KVCluster, job string) string {
 	prefix := ""
-	if kvc.Spec.Backup != nil {
-		prefix = kvc.Spec.Backup.S3.Prefix
+	if b := kvc.Spec.Backup; b != nil && b.S3 != nil {
+		prefix = b.S3.Prefix
+	} else if b != nil && b.PVC != nil {
+		prefix = b.PVC.Prefix
 	}
 	return strings.TrimPrefix(path.Join(prefix, kvc.Namespace, kvc.Name, job+".db"), "/")
+}
+
+const (
+	backupVolume = "backups"
+	backupMount  = "/backups"
+)
+
+// storeAccess is how a pod reaches a backup destination: the flags of the operator's backup and
+// restore programs, plus the credentials from the Secret (S3) or the mounted claim (PVC).
+type storeAccess struct {
+	args   []string
+	env    []*corev1ac.EnvVarApplyConfiguration
+	volume *corev1ac.VolumeApplyConfiguration
+	mount  *corev1ac.VolumeMountApplyConfiguration
+}
+
+func accessTo(s3 *kvv1.S3Destination, pvc *kvv1.PVCDestination, readOnly bool) storeAccess {
+	if pvc != nil {
+		return storeAccess{
+			args: []string{"--dir=" + backupMount, "--claim=" + pvc.ClaimName},
+			volume: corev1ac.Volume().WithName(backupVolume).WithPersistentVolumeClaim(
+				corev1ac.PersistentVolumeClaimVolumeSource().WithClaimName(pvc.ClaimName).WithReadOnly(readOnly)),
+			mount: corev1ac.VolumeMount().WithName(backupVolume).WithMountPath(backupMount).WithReadOnly(readOnly),
+		}
+	}
+	a := storeAccess{
+		args: []string{"--s3-endpoint=" + s3.Endpoint, "--bucket=" + s3.Bucket, "--region=" + s3.Region},
+		env:  []*corev1ac.EnvVarApplyConfiguration{secretEnv(s3.CredentialsSecret, "AWS_ACCESS_KEY_ID"), secretEnv(s3.CredentialsSecret, "AWS_SECRET_ACCESS_KEY")},
+	}
+	if s3.Insecure {
+		a.args = append(a.args, "--insecure")
+	}
+	return a
 }
 
 // BackupJob runs one backup: the operator's own image, `backup` subcommand, streaming a snapshot
@@ -43,18 +78,13 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 	if kind == BackupFinal {
 		deadline = int64(b.FinalBackupTimeoutSeconds)
 	}
-	args := []string{
+	access := accessTo(b.S3, b.PVC, false)
+	args := append([]string{
 		"backup",
 		"--endpoints=" + strings.Join(MemberClientURLs(kvc), ","),
-		"--s3-endpoint=" + b.S3.Endpoint,
-		"--bucket=" + b.S3.Bucket,
 		"--key=" + BackupObjectKey(kvc, name),
-		"--region=" + b.S3.Region,
 		fmt.Sprintf("--timeout=%ds", deadline),
-	}
-	if b.S3.Insecure {
-		args = append(args, "--insecure")
-	}
+	}, access.args...)
 	if kind == BackupScheduled { // a final backup prunes nothing: the cluster is going away
 		args = append(args, "--prune-cluster="+kvc.Name, fmt.Sprintf("--keep-last=%d", max(b.Retention.KeepLast, 1)))
 		if b.Retention.MaxAge != nil {
@@ -63,6 +93,26 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 	}
 	labels := Labels(kvc)
 	labels[BackupKindLabel] = kind
+	container := corev1ac.Container().
+		WithName("backup").
+		WithImage(image).
+		WithImagePullPolicy(corev1.PullIfNotPresent).
+		WithArgs(args...).
+		WithEnv(access.env...).
+		WithTerminationMessagePolicy(corev1.TerminationMessageReadFile).
+		WithResources(corev1ac.ResourceRequirements().
+			WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")}).
+			WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")})).
+		WithSecurityContext(restrictedContainer())
+	pod := corev1ac.PodSpec().
+		WithRestartPolicy(corev1.RestartPolicyNever).
+		WithAutomountServiceAccountToken(false).
+		WithEnableServiceLinks(false).
+		WithSecurityContext(restrictedPod().WithFSGroup(nonRootUID))
+	if access.volume != nil {
+		container.WithVolumeMounts(access.mount)
+		pod.WithVolumes(access.volume)
+	}
 	return batchv1ac.Job(name, kvc.Namespace).
 		WithLabels(labels).
 		WithOwnerReferences(OwnerReference(kvc)).
@@ -71,20 +121,5 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 			WithActiveDeadlineSeconds(deadline).
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(labels).
-				WithSpec(corev1ac.PodSpec().
-					WithRestartPolicy(corev1.RestartPolicyNever).
-					WithAutomountServiceAccountToken(false).
-					WithEnableServiceLinks(false).
-					WithSecurityContext(restrictedPod()).
-					WithContainers(corev1ac.Container().
-						WithName("backup").
-						WithImage(image).
-						WithImagePullPolicy(corev1.PullIfNotPresent).
-						WithArgs(args...).
-						WithEnv(secretEnv(b.S3.CredentialsSecret, "AWS_ACCESS_KEY_ID"), secretEnv(b.S3.CredentialsSecret, "AWS_SECRET_ACCESS_KEY")).
-						WithTerminationMessagePolicy(corev1.TerminationMessageReadFile).
-						WithResources(corev1ac.ResourceRequirements().
-							WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")}).
-							WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")})).
-						WithSecurityContext(restrictedContainer())))))
+				WithSpec(pod.WithContainers(container))))
 }

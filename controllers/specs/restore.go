@@ -21,19 +21,14 @@ const (
 // Both do nothing once the member has data, so a restarted pod never restores twice.
 func restoreInitContainers(kvc *kvv1.KVCluster, img Images) []*corev1ac.ContainerApplyConfiguration {
 	r := kvc.Spec.Restore
-	fetchArgs := []string{
+	access := accessTo(r.S3, r.PVC, true)
+	fetchArgs := append([]string{
 		"restore-fetch",
-		"--s3-endpoint=" + r.S3.Endpoint,
-		"--bucket=" + r.S3.Bucket,
 		"--key=" + r.Key,
-		"--region=" + r.S3.Region,
 		"--data-dir=" + dataDir,
 		"--out=" + restoreSnapshot,
 		"--copy-self-to=" + restoreToolsMount + "/kvcluster-operator",
-	}
-	if r.S3.Insecure {
-		fetchArgs = append(fetchArgs, "--insecure")
-	}
+	}, access.args...)
 	if r.SHA256 != "" {
 		fetchArgs = append(fetchArgs, "--sha256="+r.SHA256)
 	}
@@ -46,7 +41,7 @@ func restoreInitContainers(kvc *kvv1.KVCluster, img Images) []*corev1ac.Containe
 		WithImage(img.Operator).
 		WithImagePullPolicy(corev1.PullIfNotPresent).
 		WithArgs(fetchArgs...).
-		WithEnv(secretEnv(r.S3.CredentialsSecret, "AWS_ACCESS_KEY_ID"), secretEnv(r.S3.CredentialsSecret, "AWS_SECRET_ACCESS_KEY")).
+		WithEnv(access.env...).
 		WithVolumeMounts(mounts...).
 		WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError).
 		WithSecurityContext(restrictedContainer())
@@ -69,5 +64,18 @@ func restoreInitContainers(kvc *kvv1.KVCluster, img Images) []*corev1ac.Containe
 		WithVolumeMounts(mounts...).
 		WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError).
 		WithSecurityContext(restrictedContainer())
+	if access.mount != nil {
+		fetch.WithVolumeMounts(access.mount)
+	}
 	return []*corev1ac.ContainerApplyConfiguration{fetch, apply}
+}
+
+// restoreVolumes are the pod volumes the restore needs: the shared emptyDir, and the claim the
+// snapshot is on, if it is on one.
+func restoreVolumes(kvc *kvv1.KVCluster) []*corev1ac.VolumeApplyConfiguration {
+	vols := []*corev1ac.VolumeApplyConfiguration{corev1ac.Volume().WithName(restoreToolsVolume).WithEmptyDir(corev1ac.EmptyDirVolumeSource())}
+	if a := accessTo(kvc.Spec.Restore.S3, kvc.Spec.Restore.PVC, true); a.volume != nil {
+		vols = append(vols, a.volume)
+	}
+	return vols
 }

@@ -207,7 +207,7 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 		t.Fatal("a cluster without spec.restore must not restore")
 	}
 	kvc.Spec.Restore = &kvv1.RestoreSpec{
-		S3:     kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", Region: "us-east-1", Insecure: true, CredentialsSecret: "creds"},
+		S3:     &kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", Region: "us-east-1", Insecure: true, CredentialsSecret: "creds"},
 		Key:    "team/prod/kv/kv-final.db",
 		SHA256: strings.Repeat("0f", 32),
 	}
@@ -247,7 +247,7 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 func TestBackupJob(t *testing.T) {
 	kvc := cluster(3)
 	kvc.Spec.Backup = &kvv1.BackupSpec{
-		S3:                        kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", Prefix: "team", Region: "eu-1", CredentialsSecret: "creds"},
+		S3:                        &kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", Prefix: "team", Region: "eu-1", CredentialsSecret: "creds"},
 		Retention:                 kvv1.BackupRetention{KeepLast: 5, MaxAge: &metav1.Duration{Duration: 72 * time.Hour}},
 		FinalBackupTimeoutSeconds: 120,
 	}
@@ -294,5 +294,35 @@ func TestBackupJob(t *testing.T) {
 				t.Errorf("image %s, security %+v", *c.Image, c.SecurityContext)
 			}
 		})
+	}
+}
+
+func TestBackupAndRestoreOnAPersistentVolumeClaim(t *testing.T) {
+	kvc := cluster(1)
+	kvc.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume", Prefix: "etcd"}}
+	job := BackupJob(kvc, "kv-7", BackupScheduled, "op:1")
+	pod := job.Spec.Template.Spec
+	args := strings.Join(pod.Containers[0].Args, " ")
+	if !strings.Contains(args, "--dir=/backups --claim=backup-volume") || !strings.Contains(args, "--key=etcd/prod/kv/kv-7.db") || strings.Contains(args, "--s3") {
+		t.Errorf("args = %s", args)
+	}
+	if len(pod.Containers[0].Env) != 0 {
+		t.Errorf("a PVC destination needs no credentials: %+v", pod.Containers[0].Env)
+	}
+	if len(pod.Volumes) != 1 || *pod.Volumes[0].PersistentVolumeClaim.ClaimName != "backup-volume" || *pod.Containers[0].VolumeMounts[0].ReadOnly {
+		t.Errorf("the claim must be mounted writable: %+v %+v", pod.Volumes, pod.Containers[0].VolumeMounts)
+	}
+	if pod.SecurityContext.FSGroup == nil {
+		t.Error("fsGroup is needed to write to the claim as non-root")
+	}
+
+	kvc.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}, Key: "etcd/prod/old/old-final.db"}
+	sts := StatefulSet(kvc, Images{Operator: "op:1"}).Spec.Template.Spec
+	fetch := sts.InitContainers[0]
+	if len(sts.Volumes) != 2 || *sts.Volumes[1].PersistentVolumeClaim.ClaimName != "backup-volume" || !*sts.Volumes[1].PersistentVolumeClaim.ReadOnly {
+		t.Errorf("the restore must mount the claim read-only: %+v", sts.Volumes)
+	}
+	if m := fetch.VolumeMounts[len(fetch.VolumeMounts)-1]; *m.MountPath != "/backups" || !*m.ReadOnly {
+		t.Errorf("fetch mounts = %+v", fetch.VolumeMounts)
 	}
 }

@@ -80,8 +80,7 @@ func podTemplate(kvc *kvv1.KVCluster, img Images) *corev1ac.PodTemplateSpecApply
 						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
 			WithContainers(etcdContainer(kvc, img.EtcdRepository)))
 	if kvc.Spec.Restore != nil {
-		spec.Spec.WithInitContainers(restoreInitContainers(kvc, img)...).
-			WithVolumes(corev1ac.Volume().WithName(restoreToolsVolume).WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
+		spec.Spec.WithInitContainers(restoreInitContainers(kvc, img)...).WithVolumes(restoreVolumes(kvc)...)
 	}
 	return spec
 }

@@ -82,6 +82,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupFailurePolicy
       default: Proceed
+    - name: pvc
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.PVCDestination
     - name: retention
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRetention
@@ -275,6 +278,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: version
       type:
         scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.PVCDestination
+  map:
+    fields:
+    - name: claimName
+      type:
+        scalar: string
+    - name: prefix
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.Phase
   scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.RestoreSpec
@@ -283,6 +295,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: key
       type:
         scalar: string
+    - name: pvc
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.PVCDestination
     - name: s3
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.S3Destination

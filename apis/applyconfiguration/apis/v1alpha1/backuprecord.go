@@ -15,7 +15,7 @@ type BackupRecordApplyConfiguration struct {
 	Job *string `json:"job,omitempty"`
 	// Succeeded says whether the backup completed and was verified.
 	Succeeded *bool `json:"succeeded,omitempty"`
-	// Location of the snapshot, s3://bucket/key.
+	// Location of the snapshot, s3://bucket/key or pvc://claim/key.
 	Location *string `json:"location,omitempty"`
 	// Size in bytes.
 	Size *int64 `json:"size,omitempty"`

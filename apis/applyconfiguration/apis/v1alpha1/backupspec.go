@@ -9,11 +9,13 @@ import (
 // BackupSpecApplyConfiguration represents a declarative configuration of the BackupSpec type for use
 // with apply.
 //
-// BackupSpec configures backups.
+// BackupSpec configures backups. Snapshots are written to the destination as
+// <prefix>/<namespace>/<name>/<job name>.db, with metadata beside each.
 type BackupSpecApplyConfiguration struct {
-	// S3 is the S3-compatible bucket the snapshots are written to, as
-	// <prefix>/<namespace>/<name>/<job name>.db with metadata beside each.
+	// S3 is an S3-compatible bucket.
 	S3 *S3DestinationApplyConfiguration `json:"s3,omitempty"`
+	// PVC is a PersistentVolumeClaim of the KVCluster's namespace, for clusters without an object store.
+	PVC *PVCDestinationApplyConfiguration `json:"pvc,omitempty"`
 	// TimeZone of backupSchedule, an IANA name such as "Europe/Berlin". Default: UTC.
 	TimeZone *string `json:"timeZone,omitempty"`
 	// StartingDeadlineSeconds: a slot missed (e.g. while the operator was down) still runs if it is
@@ -51,6 +53,14 @@ func BackupSpec() *BackupSpecApplyConfiguration {
 // If called multiple times, the S3 field is set to the value of the last call.
 func (b *BackupSpecApplyConfiguration) WithS3(value *S3DestinationApplyConfiguration) *BackupSpecApplyConfiguration {
 	b.S3 = value
+	return b
+}
+
+// WithPVC sets the PVC field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PVC field is set to the value of the last call.
+func (b *BackupSpecApplyConfiguration) WithPVC(value *PVCDestinationApplyConfiguration) *BackupSpecApplyConfiguration {
+	b.PVC = value
 	return b
 }
 

@@ -7,10 +7,12 @@ package v1alpha1
 //
 // RestoreSpec names the backup a new cluster starts from.
 type RestoreSpecApplyConfiguration struct {
-	// S3 is the store holding the snapshot (its prefix is ignored: key is the full object key).
+	// S3 is the bucket holding the snapshot (its prefix is ignored: key is the full object key).
 	S3 *S3DestinationApplyConfiguration `json:"s3,omitempty"`
+	// PVC is the PersistentVolumeClaim holding the snapshot (its prefix is ignored), mounted read-only.
+	PVC *PVCDestinationApplyConfiguration `json:"pvc,omitempty"`
 	// Key of the snapshot object, e.g. "team/prod/orders/orders-final.db" (status.lastBackup.location
-	// of the cluster it came from, without "s3://<bucket>/").
+	// of the cluster it came from, without "s3://<bucket>/" or "pvc://<claim>/").
 	Key *string `json:"key,omitempty"`
 	// SHA256 the snapshot must have (status.lastBackup.sha256 of its cluster); the restore refuses
 	// any other content. Without it, the checksum in the metadata beside the snapshot is used.
@@ -28,6 +30,14 @@ func RestoreSpec() *RestoreSpecApplyConfiguration {
 // If called multiple times, the S3 field is set to the value of the last call.
 func (b *RestoreSpecApplyConfiguration) WithS3(value *S3DestinationApplyConfiguration) *RestoreSpecApplyConfiguration {
 	b.S3 = value
+	return b
+}
+
+// WithPVC sets the PVC field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PVC field is set to the value of the last call.
+func (b *RestoreSpecApplyConfiguration) WithPVC(value *PVCDestinationApplyConfiguration) *RestoreSpecApplyConfiguration {
+	b.PVC = value
 	return b
 }
 

@@ -1,0 +1,303 @@
+package backup
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// Store is where backups are kept: a bucket, or a directory on a mounted PersistentVolumeClaim.
+// Every write refuses to replace an existing object.
+type Store interface {
+	// URI names an object for people and status, e.g. s3://bucket/key or pvc://claim/key.
+	URI(key string) string
+	// Exists reports whether key exists (and fails clearly when the store itself is unusable).
+	Exists(ctx context.Context, key string) (bool, error)
+	// Put streams r to a new object, returning its size and sha256.
+	Put(ctx context.Context, key string, r io.Reader) (int64, string, error)
+	// PutSmall writes a small new object in one piece.
+	PutSmall(ctx context.Context, key string, data []byte) error
+	Open(ctx context.Context, key string) (io.ReadCloser, error)
+	// List returns the objects directly in dir (a key prefix ending in "/", or "").
+	List(ctx context.Context, dir string) ([]StoredObject, error)
+	Remove(ctx context.Context, key string) error
+}
+
+// StoredObject is one object of a Store.
+type StoredObject struct {
+	Key      string
+	Modified time.Time
+}
+
+// S3 is an S3-compatible bucket.
+type S3 struct {
+	Endpoint  string // host[:port], no scheme
+	Bucket    string
+	Region    string
+	Insecure  bool // plain HTTP, for stores inside the cluster
+	AccessKey string
+	SecretKey string
+}
+
+type s3Store struct {
+	cfg    S3
+	client *minio.Client
+}
+
+// NewS3Store connects to a bucket (lazily: errors show on first use).
+func NewS3Store(cfg S3) (Store, error) {
+	c, err := minio.New(cfg.Endpoint, &minio.Options{
+		Creds: credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""), Secure: !cfg.Insecure,
+		Region: cfg.Region, BucketLookup: minio.BucketLookupPath,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("S3 endpoint %q: %w", cfg.Endpoint, err)
+	}
+	return &s3Store{cfg: cfg, client: c}, nil
+}
+
+func (s *s3Store) URI(key string) string { return fmt.Sprintf("s3://%s/%s", s.cfg.Bucket, key) }
+
+func (s *s3Store) Exists(ctx context.Context, key string) (bool, error) {
+	_, err := s.client.StatObject(ctx, s.cfg.Bucket, key, minio.StatObjectOptions{})
+	resp := minio.ToErrorResponse(err)
+	switch {
+	case err == nil:
+		return true, nil
+	case resp.Code == "NoSuchBucket":
+		return false, fmt.Errorf("bucket %q does not exist on %s; create it first", s.cfg.Bucket, s.cfg.Endpoint)
+	case resp.Code == "NoSuchKey" || resp.StatusCode == http.StatusNotFound:
+		return false, nil
+	}
+	return false, fmt.Errorf("check %s: %w", s.URI(key), describe(err))
+}
+
+// partSize bounds the memory of an upload whatever the database size: the snapshot is streamed
+// in parts of this size, and only one part is held at a time.
+const partSize = 8 << 20
+
+// Put streams r into a multipart upload, one part in memory at a time, and completes it only if
+// the object still does not exist (minio's plain multipart PutObject would silently overwrite).
+func (s *s3Store) Put(ctx context.Context, key string, r io.Reader) (int64, string, error) {
+	core := minio.Core{Client: s.client}
+	bucket := s.cfg.Bucket
+	id, err := core.NewMultipartUpload(ctx, bucket, key, minio.PutObjectOptions{ContentType: "application/octet-stream"})
+	if err != nil {
+		return 0, "", fmt.Errorf("start upload of %s: %w", s.URI(key), describe(err))
+	}
+	abort := func(cause error) (int64, string, error) {
+		_ = core.AbortMultipartUpload(context.WithoutCancel(ctx), bucket, key, id)
+		return 0, "", cause
+	}
+	hash := sha256.New()
+	buf := make([]byte, partSize)
+	var parts []minio.CompletePart
+	var size int64
+	for part := 1; ; part++ {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			hash.Write(buf[:n])
+			p, err := core.PutObjectPart(ctx, bucket, key, id, part, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
+			if err != nil {
+				return abort(fmt.Errorf("upload part %d of %s: %w", part, s.URI(key), describe(err)))
+			}
+			parts = append(parts, minio.CompletePart{PartNumber: part, ETag: p.ETag})
+			size += int64(n)
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return abort(fmt.Errorf("read the snapshot stream: %w", rerr))
+		}
+	}
+	if size == 0 {
+		return abort(errors.New("etcd sent an empty snapshot"))
+	}
+	opts := minio.PutObjectOptions{}
+	opts.SetMatchETagExcept("*")
+	if _, err := core.CompleteMultipartUpload(ctx, bucket, key, id, parts, opts); err != nil {
+		if minio.ToErrorResponse(err).StatusCode == http.StatusPreconditionFailed {
+			return abort(fmt.Errorf("%s: %w (it appeared during the upload)", s.URI(key), ErrObjectExists))
+		}
+		return abort(fmt.Errorf("complete upload of %s: %w", s.URI(key), describe(err)))
+	}
+	return size, hex.EncodeToString(hash.Sum(nil)), nil
+}
+
+func (s *s3Store) PutSmall(ctx context.Context, key string, data []byte) error {
+	opts := minio.PutObjectOptions{ContentType: "application/json"}
+	opts.SetMatchETagExcept("*")
+	if _, err := s.client.PutObject(ctx, s.cfg.Bucket, key, bytes.NewReader(data), int64(len(data)), opts); err != nil {
+		return fmt.Errorf("write %s: %w", s.URI(key), describe(err))
+	}
+	return nil
+}
+
+func (s *s3Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
+	obj, err := s.client.GetObject(ctx, s.cfg.Bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", s.URI(key), describe(err))
+	}
+	if _, err := obj.Stat(); err != nil {
+		_ = obj.Close()
+		return nil, fmt.Errorf("get %s: %w", s.URI(key), describe(err))
+	}
+	return obj, nil
+}
+
+func (s *s3Store) List(ctx context.Context, dir string) ([]StoredObject, error) {
+	var out []StoredObject
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: dir}) {
+		if obj.Err != nil {
+			return nil, fmt.Errorf("list %s: %w", s.URI(dir), describe(obj.Err))
+		}
+		out = append(out, StoredObject{Key: obj.Key, Modified: obj.LastModified})
+	}
+	return out, nil
+}
+
+func (s *s3Store) Remove(ctx context.Context, key string) error {
+	err := s.client.RemoveObject(ctx, s.cfg.Bucket, key, minio.RemoveObjectOptions{})
+	if err != nil && minio.ToErrorResponse(err).Code != "NoSuchKey" {
+		return fmt.Errorf("delete %s: %w", s.URI(key), describe(err))
+	}
+	return nil
+}
+
+// describe turns an S3 error into a sentence a person can act on.
+func describe(err error) error {
+	resp := minio.ToErrorResponse(err)
+	switch resp.Code {
+	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied":
+		return fmt.Errorf("the store refused the credentials (%s): check the Secret's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: %w", resp.Code, err)
+	case "NoSuchBucket":
+		return fmt.Errorf("bucket %q does not exist; create it first: %w", resp.BucketName, err)
+	}
+	return err
+}
+
+// dirStore keeps backups as files under a directory: a PersistentVolumeClaim mounted into the pod.
+type dirStore struct {
+	root, claim string
+}
+
+// NewDirStore keeps backups under root, the mount of the PersistentVolumeClaim named claim.
+func NewDirStore(root, claim string) Store { return &dirStore{root: root, claim: claim} }
+
+func (d *dirStore) URI(key string) string { return fmt.Sprintf("pvc://%s/%s", d.claim, key) }
+
+func (d *dirStore) path(key string) string { return filepath.Join(d.root, filepath.FromSlash(key)) }
+
+func (d *dirStore) Exists(_ context.Context, key string) (bool, error) {
+	if st, err := os.Stat(d.root); err != nil || !st.IsDir() {
+		return false, fmt.Errorf("the backup volume is not mounted at %s: %v", d.root, err)
+	}
+	_, err := os.Stat(d.path(key))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// create opens a new file for key, refusing an existing one (O_EXCL), writing through a
+// temporary name so a crash never leaves a partial file under the final name.
+func (d *dirStore) write(key string, fill func(io.Writer) (int64, error)) (int64, error) {
+	p := d.path(key)
+	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(p); err == nil {
+		return 0, fmt.Errorf("%s: %w", d.URI(key), ErrObjectExists)
+	}
+	tmp := p + ".part"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
+	if err != nil {
+		return 0, fmt.Errorf("create %s: %w", d.URI(key), err)
+	}
+	n, err := fill(f)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return 0, fmt.Errorf("write %s: %w", d.URI(key), err)
+	}
+	// Link, not rename: link fails if the name exists, so nothing is ever replaced.
+	if err := os.Link(tmp, p); err != nil {
+		_ = os.Remove(tmp)
+		if errors.Is(err, fs.ErrExist) {
+			return 0, fmt.Errorf("%s: %w", d.URI(key), ErrObjectExists)
+		}
+		return 0, err
+	}
+	return n, os.Remove(tmp)
+}
+
+func (d *dirStore) Put(_ context.Context, key string, r io.Reader) (int64, string, error) {
+	hash := sha256.New()
+	n, err := d.write(key, func(w io.Writer) (int64, error) { return io.Copy(io.MultiWriter(w, hash), r) })
+	if err != nil {
+		return 0, "", err
+	}
+	if n == 0 {
+		return 0, "", errors.New("etcd sent an empty snapshot")
+	}
+	return n, hex.EncodeToString(hash.Sum(nil)), nil
+}
+
+func (d *dirStore) PutSmall(_ context.Context, key string, data []byte) error {
+	_, err := d.write(key, func(w io.Writer) (int64, error) { n, err := w.Write(data); return int64(n), err })
+	return err
+}
+
+func (d *dirStore) Open(_ context.Context, key string) (io.ReadCloser, error) {
+	f, err := os.Open(d.path(key))
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", d.URI(key), err)
+	}
+	return f, nil
+}
+
+func (d *dirStore) List(_ context.Context, dir string) ([]StoredObject, error) {
+	entries, err := os.ReadDir(d.path(dir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []StoredObject
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil || e.IsDir() {
+			continue
+		}
+		out = append(out, StoredObject{Key: path.Join(strings.TrimSuffix(dir, "/"), e.Name()), Modified: info.ModTime()})
+	}
+	return out, nil
+}
+
+func (d *dirStore) Remove(_ context.Context, key string) error {
+	if err := os.Remove(d.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
