@@ -9,6 +9,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
@@ -111,5 +112,42 @@ func TestDeregistrationAdmission(t *testing.T) {
 			kvc.Spec.Deregistration = tt.spec
 			checkAdmission(t, h.client.Create(ctx, kvc), tt.wantErr)
 		})
+	}
+}
+
+// The manager's client reads from a cache that may not show a Job created a moment ago; the
+// start of each deletion step must be announced all the same.
+func TestDeletionStepsAreAnnouncedWhenTheCacheLags(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("lag")
+	kvc := h.readyCluster(withHTTPDeregistration(withBackups(newKVCluster(ns, "kv", 1), "")))
+	seen := map[string]bool{}
+	direct, err := client.NewWithWatch(restConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.r.Client = interceptor.NewClient(direct, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, isJob := obj.(*batchv1.Job); isJob && !seen[key.Name] {
+				if err := c.Get(ctx, key, obj, opts...); err == nil {
+					seen[key.Name] = true // exists now, but the "cache" shows it only on the next read
+					return apierrors.NewNotFound(batchv1.Resource("jobs"), key.Name)
+				}
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	h.deleteAndReconcile(kvc)
+	h.reconcile(kvc)
+	final := &batchv1.Job{}
+	h.get(final, ns, "kv-final")
+	h.finishJob(final, true, successReport("team/"+ns+"/kv/kv-final.db"))
+	h.reconcile(kvc)
+	h.reconcile(kvc)
+	ev := drainEvents(h)
+	for _, want := range []string{"FinalBackupStarted", "DeregistrationStarted"} {
+		if strings.Count(ev, want) != 1 {
+			t.Errorf("%s announced %d times, want once; events:\n%s", want, strings.Count(ev, want), ev)
+		}
 	}
 }

@@ -114,14 +114,17 @@ func (r *KVClusterReconciler) finalBackupStep(ctx context.Context, kvc *kvv1.KVC
 	timeout := time.Duration(b.FinalBackupTimeoutSeconds) * time.Second
 	name := specs.FinalBackupJobName(kvc)
 	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.BackupJob(kvc, name, specs.BackupFinal, r.BackupImage))
-	if err != nil || !found {
-		if errors.Is(err, errCannotStart) {
-			return r.giveUp(ctx, kvc, "final backup", err.Error())
-		}
+	if errors.Is(err, errCannotStart) {
+		return r.giveUp(ctx, kvc, "final backup", err.Error())
+	}
+	if err != nil {
 		return stepRunning, err
 	}
-	if started {
+	if started { // said before anything else: the cache may not show the new Job yet
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "FinalBackupStarted", "Delete", "started the final backup %s before deleting the cluster", name)
+	}
+	if !found {
+		return stepRunning, nil
 	}
 	done, succeeded, finishedAt := jobOutcome(job)
 	if !done {
@@ -158,14 +161,16 @@ func (r *KVClusterReconciler) deregistrationStep(ctx context.Context, kvc *kvv1.
 	timeout := time.Duration(d.TimeoutSeconds) * time.Second
 	name := specs.DeregistrationJobName(kvc)
 	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.DeregistrationJob(kvc, r.BackupImage))
-	if err != nil || !found {
-		if errors.Is(err, errCannotStart) {
-			return r.giveUp(ctx, kvc, "deregistration", err.Error())
-		}
+	if errors.Is(err, errCannotStart) {
+		return r.giveUp(ctx, kvc, "deregistration", err.Error())
+	}
+	if err != nil {
 		return stepRunning, err
 	}
-	if started {
+	if started { // said before anything else: the cache may not show the new Job yet
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "DeregistrationStarted", "Delete", "started the deregistration Job %s", name)
+	}
+	if started || !found {
 		return stepRunning, nil
 	}
 	done, succeeded, _ := jobOutcome(job)
@@ -192,8 +197,9 @@ func (r *KVClusterReconciler) deregistrationStep(ctx context.Context, kvc *kvv1.
 // errCannotStart means a deletion step's Job cannot be created, now or ever.
 var errCannotStart = errors.New("cannot start")
 
-// runDeletionJob gets the step's Job, creating it when it does not exist yet. found is false when
-// there is no Job to look at; started is true when this call created it.
+// runDeletionJob gets the step's Job, creating it when it does not exist yet. started is true when
+// this call created it; found is false when there is no Job to look at yet (a Job just created may
+// not be in the cache).
 func (r *KVClusterReconciler) runDeletionJob(ctx context.Context, kvc *kvv1.KVCluster, name string, timeout time.Duration,
 	desired *batchv1ac.JobApplyConfiguration) (job *batchv1.Job, found, started bool, err error) {
 	job = &batchv1.Job{}

@@ -188,13 +188,15 @@ func TestBackups(t *testing.T) {
 			seen := map[string]bool{}
 			for _, e := range evs.Items {
 				switch e.Reason {
-				case "FinalBackupCompleted", "DeregistrationSucceeded", "DeregistrationFailed", "FinalBackupFailed":
+				case "FinalBackupStarted", "FinalBackupCompleted", "DeregistrationStarted", "DeregistrationSucceeded", "DeregistrationFailed", "FinalBackupFailed":
 					seen[e.Reason] = true
 					t.Logf("event: %s %s", e.Reason, e.Message)
 				}
 			}
-			if !seen["FinalBackupCompleted"] || !seen["DeregistrationSucceeded"] {
-				t.Errorf("want FinalBackupCompleted and DeregistrationSucceeded events, saw %v", seen)
+			for _, want := range []string{"FinalBackupStarted", "FinalBackupCompleted", "DeregistrationStarted", "DeregistrationSucceeded"} {
+				if !seen[want] {
+					t.Errorf("no %s event; saw %v", want, seen)
+				}
 			}
 			return ctx
 		}).
