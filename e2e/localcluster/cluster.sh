@@ -50,7 +50,7 @@ check_prereqs() {
     log "installing Debian packages for: ${missing[*]}"
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them (Debian/Ubuntu expected)"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        containerd runc containernetworking-plugins iptables conntrack socat ethtool iproute2 openssl curl; } >"$DIR.apt.log" 2>&1 ||
+        containerd runc containernetworking-plugins iptables conntrack socat ethtool iproute2 openssl curl kmod; } >"$DIR.apt.log" 2>&1 ||
       die "could not install packages (containerd runc containernetworking-plugins iptables conntrack socat iproute2 openssl curl); see $DIR.apt.log"
   fi
   [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
