@@ -100,6 +100,11 @@ test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-3.7.3)" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
 	  go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: bench
+bench: ## memory and speed of streaming backups into each store (B/op must not grow with the size)
+	$(BUILD_TOOLS) versitygw etcd-3.7.3
+	KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" go test -run '^$$' -bench StorePut -benchtime 3x ./backup/
+
 .PHONY: e2e-local
 e2e-local: ## e2e on the project's local cluster: up, import images, deploy from deploy/, run the suite, down
 	$(MAKE) --no-print-directory cluster-down cluster-up images-local

@@ -27,7 +27,7 @@ import (
 // These tests run the backup against real processes: etcd (KVC_ETCD_DIR holds etcd and etcdutl)
 // and versitygw, an S3 gateway (KVC_VERSITYGW). `make test` builds and passes both.
 
-func requireBinary(t *testing.T, env, name string) string {
+func requireBinary(t testing.TB, env, name string) string {
 	t.Helper()
 	dir := os.Getenv(env)
 	if dir == "" {
@@ -40,7 +40,7 @@ func requireBinary(t *testing.T, env, name string) string {
 	return p
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -50,7 +50,7 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func startProcess(t *testing.T, name string, bin string, args ...string) {
+func startProcess(t testing.TB, name string, bin string, args ...string) {
 	t.Helper()
 	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 	if err != nil {
@@ -95,7 +95,7 @@ func startEtcd(t *testing.T, etcd, dataDir, name string) string {
 	return client
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
+func waitFor(t testing.TB, what string, ok func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if ok() {
@@ -110,7 +110,7 @@ type s3Server struct {
 	client                   *minio.Client
 }
 
-func startS3(t *testing.T) s3Server {
+func startS3(t testing.TB) s3Server {
 	t.Helper()
 	gw := requireBinary(t, "KVC_VERSITYGW", "versitygw")
 	root := t.TempDir()
@@ -131,7 +131,7 @@ func (s s3Server) config() S3 {
 	return S3{Endpoint: s.endpoint, Bucket: "backups", Region: "us-east-1", Insecure: true, AccessKey: s.access, SecretKey: s.secret}
 }
 
-func (s s3Server) store(t *testing.T) Store {
+func (s s3Server) store(t testing.TB) Store {
 	t.Helper()
 	st, err := NewS3Store(s.config())
 	if err != nil {
