@@ -101,6 +101,7 @@ func backupRecord(bj backupJob) kvv1.BackupRecord {
 	var res backup.Result
 	if bj.succeeded && json.Unmarshal([]byte(bj.report), &res) == nil {
 		rec.Location, rec.Size, rec.SHA256, rec.Revision, rec.EtcdVersion = res.Location, res.Size, res.SHA256, res.Revision, res.EtcdVersion
+		rec.Pruned = int32(len(res.Pruned))
 		return rec
 	}
 	rec.Message = bj.report
@@ -237,7 +238,7 @@ func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KV
 func (r *KVClusterReconciler) announceBackup(kvc *kvv1.KVCluster, rec *kvv1.BackupRecord) {
 	if rec.Succeeded {
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, ReasonBackupCompleted, "Backup",
-			"backup %s wrote %s (%d bytes, revision %d)", rec.Job, rec.Location, rec.Size, rec.Revision)
+			"backup %s wrote %s (%d bytes, revision %d); retention deleted %d older snapshots", rec.Job, rec.Location, rec.Size, rec.Revision, rec.Pruned)
 		return
 	}
 	r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonBackupFailed, "Backup", "backup %s failed: %s", rec.Job, rec.Message)

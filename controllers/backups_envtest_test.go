@@ -98,7 +98,8 @@ func (h *harness) finishJob(job *batchv1.Job, succeeded bool, report string) {
 }
 
 func successReport(key string) string {
-	out, _ := json.Marshal(backup.Result{Location: "s3://backups/" + key, Size: 20480, SHA256: strings.Repeat("ab", 32), Revision: 42, EtcdVersion: "3.7.3"})
+	out, _ := json.Marshal(backup.Result{Location: "s3://backups/" + key, Size: 20480, SHA256: strings.Repeat("ab", 32), Revision: 42, EtcdVersion: "3.7.3",
+		Pruned: []string{"team/old-1.db", "team/old-2.db"}})
 	return string(out)
 }
 
@@ -178,8 +179,11 @@ func TestScheduledBackupsStartOneJobPerSlotAndRecordSuccessOnly(t *testing.T) {
 		t.Errorf("lastBackupTime = %v, want %v", got.Status.LastBackupTime, next.Add(30*time.Second))
 	}
 	lb := got.Status.LastBackup
-	if lb == nil || !lb.Succeeded || lb.Job != job2.Name || lb.Revision != 42 || lb.Size != 20480 || !strings.HasPrefix(lb.Location, "s3://backups/team/") {
+	if lb == nil || !lb.Succeeded || lb.Job != job2.Name || lb.Revision != 42 || lb.Size != 20480 || lb.Pruned != 2 || !strings.HasPrefix(lb.Location, "s3://backups/team/") {
 		t.Errorf("lastBackup = %+v", lb)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "retention deleted 2 older snapshots") {
+		t.Errorf("events = %q, want the pruned count", ev)
 	}
 	if !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionBackupSucceeded) {
 		t.Errorf("BackupSucceeded = %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionBackupSucceeded))

@@ -387,6 +387,9 @@ type BackupRecord struct {
 	// CompletionTime of the Job.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+	// Pruned is how many older snapshots the retention deleted after this one was verified.
+	// +optional
+	Pruned int32 `json:"pruned,omitempty"`
 	// Message is the backup's own account of a failure.
 	// +optional
 	Message string `json:"message,omitempty"`

@@ -41,6 +41,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: message
       type:
         scalar: string
+    - name: pruned
+      type:
+        scalar: numeric
     - name: revision
       type:
         scalar: numeric

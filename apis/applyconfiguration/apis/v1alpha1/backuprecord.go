@@ -28,6 +28,8 @@ type BackupRecordApplyConfiguration struct {
 	EtcdVersion *string `json:"etcdVersion,omitempty"`
 	// CompletionTime of the Job.
 	CompletionTime *v1.Time `json:"completionTime,omitempty"`
+	// Pruned is how many older snapshots the retention deleted after this one was verified.
+	Pruned *int32 `json:"pruned,omitempty"`
 	// Message is the backup's own account of a failure.
 	Message *string `json:"message,omitempty"`
 }
@@ -99,6 +101,14 @@ func (b *BackupRecordApplyConfiguration) WithEtcdVersion(value string) *BackupRe
 // If called multiple times, the CompletionTime field is set to the value of the last call.
 func (b *BackupRecordApplyConfiguration) WithCompletionTime(value v1.Time) *BackupRecordApplyConfiguration {
 	b.CompletionTime = &value
+	return b
+}
+
+// WithPruned sets the Pruned field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Pruned field is set to the value of the last call.
+func (b *BackupRecordApplyConfiguration) WithPruned(value int32) *BackupRecordApplyConfiguration {
+	b.Pruned = &value
 	return b
 }
 
