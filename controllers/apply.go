@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -15,21 +16,23 @@ import (
 )
 
 // applyOwned writes the full desired object with server-side apply as the operator's field manager,
-// forcing ownership of every field it sets. When the cached object already carries exactly this
-// intent under our manager, nothing is sent: an idle reconcile makes no write request, while an
-// edit by anyone else changes what we own (or takes it over) and is put back.
-//
-// current is the cached object, left empty (no name) when it does not exist; extract is the generated
-// Extract<Kind> of its apply configuration package.
-func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Context, c client.Client, desired AC, current O,
-	extract func(O, string) (AC, error)) error {
-	if current.GetName() != "" {
+// forcing ownership of every field it sets. It first reads the object (key) from the cache into
+// current: when that already carries exactly this intent under our manager, nothing is sent, so an
+// idle reconcile makes no write request, while an edit by anyone else changes what we own (or
+// takes it over) and is put back. extract is the generated Extract<Kind> of the object's apply
+// configuration package. current is left empty when the object did not exist.
+func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Context, c client.Client, key client.ObjectKey, current O,
+	desired AC, extract func(O, string) (AC, error)) error {
+	switch err := c.Get(ctx, key, current); {
+	case err == nil:
 		if owned, err := extract(current, specs.FieldManager); err == nil && equality.Semantic.DeepEqual(owned, desired) {
 			return nil
 		}
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("get %T %s: %w", current, key, err)
 	}
 	if err := c.Apply(ctx, desired, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
-		return fmt.Errorf("apply %T: %w", current, err)
+		return fmt.Errorf("apply %T %s: %w", current, key, err)
 	}
 	return nil
 }

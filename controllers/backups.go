@@ -37,7 +37,7 @@ type backupJob struct {
 	report string
 }
 
-// listBackupJobs reads the cluster's backup Jobs and, for finished ones, their pods' reports.
+// listBackupJobs reads the cluster's backup Jobs from the cache.
 func (r *KVClusterReconciler) listBackupJobs(ctx context.Context, kvc *kvv1.KVCluster) ([]backupJob, error) {
 	var jobs batchv1.JobList
 	if err := r.Client.List(ctx, &jobs, client.InNamespace(kvc.Namespace),
@@ -48,13 +48,6 @@ func (r *KVClusterReconciler) listBackupJobs(ctx context.Context, kvc *kvv1.KVCl
 	for i := range jobs.Items {
 		bj := backupJob{job: &jobs.Items[i]}
 		bj.done, bj.succeeded, bj.finishedAt = jobOutcome(bj.job)
-		if bj.done {
-			report, err := r.jobReport(ctx, bj.job)
-			if err != nil {
-				return nil, err
-			}
-			bj.report = report
-		}
 		out = append(out, bj)
 	}
 	slices.SortFunc(out, func(a, b backupJob) int { return strings.Compare(a.job.Name, b.job.Name) })
@@ -120,26 +113,30 @@ func jobFailureMessage(job *batchv1.Job) string {
 	return ""
 }
 
-// recordFinishedBackups puts the newest finished backup into status: lastBackup, lastBackupTime
-// (successes only) and the BackupSucceeded condition. It returns the record when it is new, so the
-// caller can announce it once.
-func recordFinishedBackups(st *kvv1.KVClusterStatus, jobs []backupJob, generation int64) (newest *kvv1.BackupRecord, isNew bool) {
+// newestFinished is the most recently finished Job, or nil: the only one whose report is read.
+func newestFinished(jobs []backupJob) *backupJob {
 	var latest *backupJob
 	for i := range jobs {
-		bj := &jobs[i]
-		if !bj.done {
-			continue
-		}
-		if latest == nil || bj.finishedAt.After(latest.finishedAt) {
+		if bj := &jobs[i]; bj.done && (latest == nil || bj.finishedAt.After(latest.finishedAt)) {
 			latest = bj
 		}
-		if bj.succeeded {
+	}
+	return latest
+}
+
+// recordFinishedBackups puts the newest finished backup into status: lastBackup (from its report,
+// which the caller has read), lastBackupTime (successes only) and the BackupSucceeded condition.
+// It returns the record when it is new, so the caller can announce it once.
+func recordFinishedBackups(st *kvv1.KVClusterStatus, jobs []backupJob, generation int64) (newest *kvv1.BackupRecord, isNew bool) {
+	for i := range jobs {
+		if bj := &jobs[i]; bj.done && bj.succeeded {
 			t := metav1.NewTime(bj.finishedAt.Truncate(time.Second))
 			if st.LastBackupTime == nil || t.After(st.LastBackupTime.Time) {
 				st.LastBackupTime = &t
 			}
 		}
 	}
+	latest := newestFinished(jobs)
 	if latest == nil {
 		return nil, false
 	}
@@ -196,6 +193,11 @@ func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KV
 	jobs, err := r.listBackupJobs(ctx, kvc)
 	if err != nil {
 		return 0, err
+	}
+	if latest := newestFinished(jobs); latest != nil {
+		if latest.report, err = r.jobReport(ctx, latest.job); err != nil {
+			return 0, err
+		}
 	}
 	if rec, isNew := recordFinishedBackups(st, jobs, kvc.Generation); isNew {
 		r.announceBackup(kvc, rec)

@@ -48,6 +48,19 @@ func (h *harness) readyCluster(kvc *kvv1.KVCluster) *kvv1.KVCluster {
 	return got
 }
 
+func (h *harness) deleteAndReconcile(kvc *kvv1.KVCluster) {
+	h.t.Helper()
+	if err := h.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
+		h.t.Fatal(err)
+	}
+	h.reconcile(kvc)
+}
+
+func (h *harness) gone(kvc *kvv1.KVCluster) bool {
+	err := h.client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{})
+	return apierrors.IsNotFound(err)
+}
+
 func (h *harness) backupJobs(kvc *kvv1.KVCluster) []batchv1.Job {
 	h.t.Helper()
 	var jobs batchv1.JobList
@@ -245,12 +258,7 @@ func TestDeletionTakesAFinalBackupBeforeLettingGo(t *testing.T) {
 		t.Fatal("the final-backup finalizer was not added")
 	}
 	h.assertIdle(kvc, "with the finalizer in place")
-	ctx := context.Background()
-	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
-		t.Fatal(err)
-	}
-
-	h.reconcile(kvc)
+	h.deleteAndReconcile(kvc)
 	job := &batchv1.Job{}
 	h.get(job, ns, "kv-final")
 	if job.Labels[specs.BackupKindLabel] != specs.BackupFinal {
@@ -263,9 +271,8 @@ func TestDeletionTakesAFinalBackupBeforeLettingGo(t *testing.T) {
 
 	h.finishJob(job, true, successReport("team/"+ns+"/kv/kv-final.db"))
 	h.reconcile(kvc)
-	err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{})
-	if !apierrors.IsNotFound(err) {
-		t.Fatalf("the KVCluster still exists after its final backup: %v", err)
+	if !h.gone(kvc) {
+		t.Fatal("the KVCluster still exists after its final backup")
 	}
 	if ev := drainEvents(h); !strings.Contains(ev, "FinalBackupCompleted") || !strings.Contains(ev, "kv-final.db") {
 		t.Errorf("events = %q, want FinalBackupCompleted naming the object", ev)
@@ -276,17 +283,13 @@ func TestFinalBackupFailsOpenWithAWarning(t *testing.T) {
 	h := newHarness(t)
 	ns := h.namespace("failopen")
 	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
-	ctx := context.Background()
-	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
-		t.Fatal(err)
-	}
-	h.reconcile(kvc)
+	h.deleteAndReconcile(kvc)
 	job := &batchv1.Job{}
 	h.get(job, ns, "kv-final")
 	h.finishJob(job, false, "backup failed: no etcd member answered")
 	h.reconcile(kvc)
-	if err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("a failed final backup must not hold the deletion (Proceed): %v", err)
+	if !h.gone(kvc) {
+		t.Fatal("a failed final backup must not hold the deletion (Proceed)")
 	}
 	if ev := drainEvents(h); !strings.Contains(ev, "Warning FinalBackupFailed") || !strings.Contains(ev, "no backup of this cluster exists") {
 		t.Errorf("events = %q, want a Warning saying what is lost", ev)
@@ -300,10 +303,7 @@ func TestFinalBackupBlocksWhenAskedTo(t *testing.T) {
 	kvc.Spec.Backup.OnFinalBackupFailure = kvv1.FinalBackupBlock
 	h.readyCluster(kvc)
 	ctx := context.Background()
-	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
-		t.Fatal(err)
-	}
-	h.reconcile(kvc)
+	h.deleteAndReconcile(kvc)
 	job := &batchv1.Job{}
 	h.get(job, ns, "kv-final")
 	h.finishJob(job, false, "backup failed: bucket \"backups\" does not exist; create it first")
@@ -314,14 +314,18 @@ func TestFinalBackupBlocksWhenAskedTo(t *testing.T) {
 		!strings.Contains(cond.Message, "does not exist") || !strings.Contains(cond.Message, kvv1.AnnotationSkipFinalBackup) {
 		t.Fatalf("Block must keep the KVCluster and say how to proceed: finalizers %v, condition %+v", got.Finalizers, cond)
 	}
+	if got.Status.LastBackup == nil || got.Status.LastBackup.Job != "kv-final" || got.Status.LastBackup.Succeeded {
+		t.Errorf("the failed final backup must be recorded: %+v", got.Status.LastBackup)
+	}
+	h.assertIdle(kvc, "blocked on a failed final backup")
 	// The way out the message names: the annotation.
 	got.Annotations = map[string]string{kvv1.AnnotationSkipFinalBackup: "true"}
 	if err := h.client.Update(ctx, got); err != nil {
 		t.Fatal(err)
 	}
 	h.reconcile(kvc)
-	if err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("the skip annotation did not release the KVCluster: %v", err)
+	if !h.gone(kvc) {
+		t.Fatal("the skip annotation did not release the KVCluster")
 	}
 }
 
@@ -335,12 +339,9 @@ func TestFinalBackupFailsOpenInATerminatingNamespace(t *testing.T) {
 	if err := h.client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.client.Delete(ctx, h.fresh(kvc)); err != nil {
-		t.Fatal(err)
-	}
-	h.reconcile(kvc)
-	if err := h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("the KVCluster must not hold up its namespace's deletion: %v", err)
+	h.deleteAndReconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatal("the KVCluster must not hold up its namespace's deletion")
 	}
 	if ev := drainEvents(h); !strings.Contains(ev, "namespace is being deleted") {
 		t.Errorf("events = %q, want the reason no final backup was taken", ev)

@@ -19,19 +19,6 @@ func withHTTPDeregistration(kvc *kvv1.KVCluster) *kvv1.KVCluster {
 	return kvc
 }
 
-func (h *harness) deleteAndReconcile(kvc *kvv1.KVCluster) {
-	h.t.Helper()
-	if err := h.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
-		h.t.Fatal(err)
-	}
-	h.reconcile(kvc)
-}
-
-func (h *harness) gone(kvc *kvv1.KVCluster) bool {
-	err := h.client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{})
-	return apierrors.IsNotFound(err)
-}
-
 func TestDeregistrationRunsAfterTheFinalBackup(t *testing.T) {
 	h := newHarness(t)
 	ns := h.namespace("dereg")

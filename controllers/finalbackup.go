@@ -115,7 +115,7 @@ func (r *KVClusterReconciler) finalBackupStep(ctx context.Context, kvc *kvv1.KVC
 	name := specs.FinalBackupJobName(kvc)
 	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.BackupJob(kvc, name, specs.BackupFinal, r.BackupImage))
 	if errors.Is(err, errCannotStart) {
-		return r.giveUp(ctx, kvc, "final backup", err.Error())
+		return r.giveUp(ctx, kvc, kvc.Status, "final backup", err.Error())
 	}
 	if err != nil {
 		return stepRunning, err
@@ -130,7 +130,7 @@ func (r *KVClusterReconciler) finalBackupStep(ctx context.Context, kvc *kvv1.KVC
 	if !done {
 		if !blocksOnFailure(kvc) && r.Clock.Now().Sub(kvc.DeletionTimestamp.Time) > timeout+time.Minute {
 			// The Job's own deadline should have ended it; do not wait for ever if it did not.
-			return r.giveUp(ctx, kvc, "final backup", fmt.Sprintf("it did not finish within %s", timeout))
+			return r.giveUp(ctx, kvc, kvc.Status, "final backup", fmt.Sprintf("it did not finish within %s", timeout))
 		}
 		return stepRunning, nil
 	}
@@ -140,11 +140,11 @@ func (r *KVClusterReconciler) finalBackupStep(ctx context.Context, kvc *kvv1.KVC
 	}
 	st := *kvc.Status.DeepCopy()
 	rec, isNew := recordFinishedBackups(&st, []backupJob{{job: job, done: done, succeeded: succeeded, finishedAt: finishedAt, report: report}}, kvc.Generation)
+	if !succeeded {
+		return r.giveUp(ctx, kvc, st, "final backup", "it failed: "+rec.Message)
+	}
 	if err := applyStatus(ctx, r.Client, kvc, st); err != nil {
 		return stepRunning, err
-	}
-	if !succeeded {
-		return r.giveUp(ctx, kvc, "final backup", "it failed: "+rec.Message)
 	}
 	if isNew {
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "FinalBackupCompleted", "Delete",
@@ -162,7 +162,7 @@ func (r *KVClusterReconciler) deregistrationStep(ctx context.Context, kvc *kvv1.
 	name := specs.DeregistrationJobName(kvc)
 	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.DeregistrationJob(kvc, r.BackupImage))
 	if errors.Is(err, errCannotStart) {
-		return r.giveUp(ctx, kvc, "deregistration", err.Error())
+		return r.giveUp(ctx, kvc, kvc.Status, "deregistration", err.Error())
 	}
 	if err != nil {
 		return stepRunning, err
@@ -176,7 +176,7 @@ func (r *KVClusterReconciler) deregistrationStep(ctx context.Context, kvc *kvv1.
 	done, succeeded, _ := jobOutcome(job)
 	if !done {
 		if !blocksOnFailure(kvc) && r.Clock.Now().Sub(kvc.DeletionTimestamp.Time) > timeout+time.Minute {
-			return r.giveUp(ctx, kvc, "deregistration", fmt.Sprintf("it did not finish within %s", timeout))
+			return r.giveUp(ctx, kvc, kvc.Status, "deregistration", fmt.Sprintf("it did not finish within %s", timeout))
 		}
 		return stepRunning, nil
 	}
@@ -188,7 +188,7 @@ func (r *KVClusterReconciler) deregistrationStep(ctx context.Context, kvc *kvv1.
 		if report == "" {
 			report = jobFailureMessage(job)
 		}
-		return r.giveUp(ctx, kvc, "deregistration", "it failed: "+report)
+		return r.giveUp(ctx, kvc, kvc.Status, "deregistration", "it failed: "+report)
 	}
 	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "DeregistrationSucceeded", "Delete", "deregistration Job %s succeeded: %s", name, report)
 	return stepDone, nil
@@ -229,7 +229,10 @@ func (r *KVClusterReconciler) runDeletionJob(ctx context.Context, kvc *kvv1.KVCl
 
 // giveUp ends a failed deletion step: fail open (the default) with a Warning event saying what is
 // lost, or keep blocking (onFinalBackupFailure: Block) with a condition that says how to go on.
-func (r *KVClusterReconciler) giveUp(ctx context.Context, kvc *kvv1.KVCluster, step, why string) (stepOutcome, error) {
+// st is the status the step computed (e.g. with the failed backup recorded); it is applied as
+// one whole, so a blocked cluster's status does not change between reconciles.
+func (r *KVClusterReconciler) giveUp(ctx context.Context, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus, step, why string) (stepOutcome, error) {
+	st = *st.DeepCopy()
 	lost := lastBackupSentence(kvc)
 	if step == "deregistration" {
 		lost = "the cluster may still be registered where the step would have removed it"
@@ -237,14 +240,17 @@ func (r *KVClusterReconciler) giveUp(ctx context.Context, kvc *kvv1.KVCluster, s
 	if blocksOnFailure(kvc) {
 		msg := fmt.Sprintf("the %s did not succeed: %s. Deletion is blocked (onFinalBackupFailure: Block); "+
 			"fix the cause and delete the failed Job to retry, or annotate %s=true to delete without it", step, why, kvv1.AnnotationSkipFinalBackup)
-		st := *kvc.Status.DeepCopy()
-		prev := meta.FindStatusCondition(st.Conditions, kvv1.ConditionBackupSucceeded)
+		prev := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionBackupSucceeded)
 		if prev == nil || prev.Reason != ReasonFinalBackupFailed {
 			r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonFinalBackupFailed, "Delete", "%s", msg)
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: kvv1.ConditionBackupSucceeded, Status: metav1.ConditionFalse,
 			Reason: ReasonFinalBackupFailed, Message: msg, ObservedGeneration: kvc.Generation, LastTransitionTime: metav1.NewTime(r.Clock.Now().Truncate(time.Second))})
 		return stepRunning, applyStatus(ctx, r.Client, kvc, st)
+	}
+	// The outcome is recorded while the object still exists (a no-op when nothing changed).
+	if err := applyStatus(ctx, r.Client, kvc, st); err != nil {
+		return stepRunning, err
 	}
 	if step == "deregistration" { // the last step: the finalizer goes right after, so it is said once
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, "DeregistrationFailed", "Delete", "deleting without the %s because %s; %s", step, why, lost)

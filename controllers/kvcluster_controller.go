@@ -9,8 +9,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
@@ -97,43 +95,22 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // applyChildren applies every object the cluster owns and returns the cached StatefulSet (empty
 // when it did not exist before this reconcile).
 func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster) (*appsv1.StatefulSet, error) {
-	var peer, clientSvc corev1.Service
-	if err := r.getOwned(ctx, kvc, specs.PeerServiceName(kvc), &peer); err != nil {
+	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: kvc.Namespace, Name: name} }
+	if err := applyOwned(ctx, r.Client, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc), corev1ac.ExtractService); err != nil {
 		return nil, err
 	}
-	if err := applyOwned(ctx, r.Client, specs.PeerService(kvc), &peer, corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc), corev1ac.ExtractService); err != nil {
 		return nil, err
 	}
-	if err := r.getOwned(ctx, kvc, specs.ClientServiceName(kvc), &clientSvc); err != nil {
+	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc), policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return nil, err
 	}
-	if err := applyOwned(ctx, r.Client, specs.ClientService(kvc), &clientSvc, corev1ac.ExtractService); err != nil {
+	sts := &appsv1.StatefulSet{}
+	images := specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage}
+	if err := applyOwned(ctx, r.Client, key(kvc.Name), sts, specs.StatefulSet(kvc, images), appsv1ac.ExtractStatefulSet); err != nil {
 		return nil, err
 	}
-	var pdb policyv1.PodDisruptionBudget
-	if err := r.getOwned(ctx, kvc, kvc.Name, &pdb); err != nil {
-		return nil, err
-	}
-	if err := applyOwned(ctx, r.Client, specs.PodDisruptionBudget(kvc), &pdb, policyv1ac.ExtractPodDisruptionBudget); err != nil {
-		return nil, err
-	}
-	var sts appsv1.StatefulSet
-	if err := r.getOwned(ctx, kvc, kvc.Name, &sts); err != nil {
-		return nil, err
-	}
-	if err := applyOwned(ctx, r.Client, specs.StatefulSet(kvc, specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage}), &sts, appsv1ac.ExtractStatefulSet); err != nil {
-		return nil, err
-	}
-	return &sts, nil
-}
-
-// getOwned reads an owned object from the cache, leaving obj empty when it does not exist.
-func (r *KVClusterReconciler) getOwned(ctx context.Context, kvc *kvv1.KVCluster, name string, obj client.Object) error {
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: kvc.Namespace, Name: name}, obj)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("get %T %s/%s: %w", obj, kvc.Namespace, name, err)
-	}
-	return nil
+	return sts, nil
 }
 
 // observe reads the member pods' readiness from the StatefulSet and asks etcd about itself.

@@ -9,6 +9,7 @@ import (
 	neturl "net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -65,6 +66,7 @@ func requireFlags(values map[string]string) error {
 		}
 	}
 	if len(missing) > 0 {
+		slices.Sort(missing) // the same mistake always reads the same
 		return fmt.Errorf("missing %s", strings.Join(missing, ", "))
 	}
 	return nil
