@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -25,7 +27,17 @@ type Member struct {
 	// Version is the etcd server version the member itself reports.
 	Version  string
 	Revision int64
+	// PeerURLs identify the member before it has started (an added member has no name yet).
+	PeerURLs   []string
+	ClientURLs []string
+	// RaftIndex is the member's last raft log index; AppliedIndex how far it has applied it.
+	RaftIndex    uint64
+	AppliedIndex uint64
 }
+
+// Started reports whether the member has run and published its name; a member just added to the
+// list has not.
+func (m Member) Started() bool { return m.Name != "" }
 
 // Cluster is the cluster's view of itself.
 type Cluster struct {
@@ -56,13 +68,40 @@ func (c Cluster) AllHealthy() bool {
 	return len(c.Members) > 0
 }
 
-// Client reads a cluster's membership and health through the members' client URLs.
-type Client interface {
-	Cluster(ctx context.Context, endpoints []string) (Cluster, error)
+// Leader is the member that leads, if any answered as leader.
+func (c Cluster) Leader() (Member, bool) {
+	for _, m := range c.Members {
+		if m.Leader && m.Healthy {
+			return m, true
+		}
+	}
+	return Member{}, false
 }
 
-// ErrNoQuorum means the member list could not be read: no quorum answered.
-var ErrNoQuorum = errors.New("etcd did not answer a linearizable request (no quorum or no member reachable)")
+// Client reads a cluster's membership and health, and changes its membership, through the
+// members' client URLs.
+type Client interface {
+	Cluster(ctx context.Context, endpoints []string) (Cluster, error)
+	// MoveLeader asks the leader, at leaderEndpoint, to hand leadership to the member to.
+	MoveLeader(ctx context.Context, leaderEndpoint string, to uint64) error
+	// AddLearner adds a non-voting member with the given peer URL and returns its ID.
+	AddLearner(ctx context.Context, endpoints []string, peerURL string) (uint64, error)
+	// Promote makes a learner a voting member; ErrLearnerNotReady while it is behind.
+	Promote(ctx context.Context, endpoints []string, id uint64) error
+	// Remove takes a member out of the cluster. Send it through the other members: the member
+	// being removed answers "server stopped" even when the removal was applied.
+	Remove(ctx context.Context, endpoints []string, id uint64) error
+}
+
+var (
+	// ErrNoQuorum means the member list could not be read: no quorum answered.
+	ErrNoQuorum = errors.New("etcd did not answer a linearizable request (no quorum or no member reachable)")
+	// ErrLearnerNotReady means a learner is not yet in sync with the leader; promote it later.
+	ErrLearnerNotReady = errors.New("the learner is not yet in sync with the leader")
+)
+
+// memberStatusTimeout bounds the status request to one member.
+const memberStatusTimeout = 2 * time.Second
 
 // EtcdClient is the Client talking to real etcd members.
 type EtcdClient struct {
@@ -73,20 +112,11 @@ type EtcdClient struct {
 // Cluster lists the members with a linearizable request (which only a quorum can answer), then
 // asks each member for its own status.
 func (e EtcdClient) Cluster(ctx context.Context, endpoints []string) (Cluster, error) {
-	timeout := e.Timeout
-	if timeout == 0 {
-		timeout = 5 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, e.timeout())
 	defer cancel()
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: timeout,
-		Logger:      zap.NewNop(),
-		Context:     ctx,
-	})
+	cli, err := e.connect(ctx, endpoints)
 	if err != nil {
-		return Cluster{}, fmt.Errorf("connect to etcd at %s: %w", strings.Join(endpoints, ","), err)
+		return Cluster{}, err
 	}
 	defer func() { _ = cli.Close() }()
 
@@ -94,23 +124,106 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string) (Cluster, e
 	if err != nil {
 		return Cluster{}, fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	}
-	var out Cluster
-	for _, m := range list.Members {
-		mem := Member{ID: m.ID, Name: m.Name, Learner: m.IsLearner}
-		if len(m.ClientURLs) > 0 {
-			st, err := cli.Status(ctx, m.ClientURLs[0])
-			if err == nil {
-				mem.Healthy = true
-				mem.Version = st.Version
-				mem.Revision = st.Header.Revision
-				mem.Leader = st.Leader == m.ID
-				if st.Leader != 0 {
-					out.HasLeader = true
-				}
-			}
+	// Each member is asked on its own, at once, with its own deadline: a member that hangs (a
+	// crash-looping pod) must not make the ones asked after it look unhealthy.
+	out := Cluster{Members: make([]Member, len(list.Members))}
+	var wg sync.WaitGroup
+	for i, m := range list.Members {
+		out.Members[i] = Member{ID: m.ID, Name: m.Name, Learner: m.IsLearner, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs}
+		if len(m.ClientURLs) == 0 {
+			continue
 		}
-		out.Members = append(out.Members, mem)
+		wg.Go(func() {
+			mctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
+			defer cancel()
+			st, err := cli.Status(mctx, m.ClientURLs[0])
+			if err != nil {
+				return
+			}
+			mem := &out.Members[i]
+			mem.Healthy = true
+			mem.Version = st.Version
+			mem.Revision = st.Header.Revision
+			mem.Leader = st.Leader == m.ID
+			mem.RaftIndex, mem.AppliedIndex = st.RaftIndex, st.RaftAppliedIndex
+		})
+	}
+	wg.Wait()
+	for _, m := range out.Members {
+		if m.Leader {
+			out.HasLeader = true
+		}
 	}
 	slices.SortFunc(out.Members, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+func (e EtcdClient) timeout() time.Duration {
+	if e.Timeout == 0 {
+		return 5 * time.Second
+	}
+	return e.Timeout
+}
+
+func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: e.timeout(),
+		Logger:      zap.NewNop(),
+		Context:     ctx,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to etcd at %s: %w", strings.Join(endpoints, ","), err)
+	}
+	return cli, nil
+}
+
+// do runs one request against the cluster with a fresh client, bounded by the timeout.
+func (e EtcdClient) do(ctx context.Context, endpoints []string, f func(ctx context.Context, cli *clientv3.Client) error) error {
+	ctx, cancel := context.WithTimeout(ctx, e.timeout())
+	defer cancel()
+	cli, err := e.connect(ctx, endpoints)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = cli.Close() }()
+	return f(ctx, cli)
+}
+
+// MoveLeader must reach the leader itself, so its client has the leader's endpoint only.
+func (e EtcdClient) MoveLeader(ctx context.Context, leaderEndpoint string, to uint64) error {
+	return e.do(ctx, []string{leaderEndpoint}, func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.MoveLeader(ctx, to)
+		return err
+	})
+}
+
+func (e EtcdClient) AddLearner(ctx context.Context, endpoints []string, peerURL string) (uint64, error) {
+	var id uint64
+	err := e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+		resp, err := cli.MemberAddAsLearner(ctx, []string{peerURL})
+		if err == nil {
+			id = resp.Member.ID
+		}
+		return err
+	})
+	return id, err
+}
+
+func (e EtcdClient) Promote(ctx context.Context, endpoints []string, id uint64) error {
+	err := e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.MemberPromote(ctx, id)
+		return err
+	})
+	if err != nil && strings.Contains(err.Error(), rpctypes.ErrMemberLearnerNotReady.Error()) {
+		return fmt.Errorf("%w: %v", ErrLearnerNotReady, err)
+	}
+	return err
+}
+
+func (e EtcdClient) Remove(ctx context.Context, endpoints []string, id uint64) error {
+	return e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.MemberRemove(ctx, id)
+		return err
+	})
 }
