@@ -121,4 +121,5 @@ e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, create
 	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
 	docker build -t $(IMAGE) .
 	docker build -t kvcluster.io/versitygw:dev -f e2e/s3.Dockerfile e2e
+	docker build -t kvcluster.io/writer:dev -f e2e/writer.Dockerfile .
 	PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) go test -tags e2e $(E2E_FLAGS) ./e2e/

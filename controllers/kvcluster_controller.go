@@ -3,7 +3,7 @@ package controllers
 
 import (
 	"context"
-	"fmt"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -40,7 +40,9 @@ type KVClusterReconciler struct {
 
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;patch;delete
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters/status,verbs=get;patch
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
@@ -64,12 +66,22 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.syncFinalizer(ctx, &kvc); err != nil {
 		return ctrl.Result{}, err
 	}
-	sts, err := r.applyChildren(ctx, &kvc)
+	obs, err := r.observe(ctx, &kvc)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	obs := r.observe(ctx, &kvc, sts)
+	membership, replicas := desiredMembership(&kvc, obs)
+	if err := r.applyChildren(ctx, &kvc, membership, replicas); err != nil {
+		return ctrl.Result{}, err
+	}
+	obs.rollout = planRollout(&kvc, obs)
 	status, v := decide(&kvc, obs, specs.ClientEndpoint(&kvc), now)
+	acted := false
+	if v.phase == kvv1.PhaseUpgrading {
+		if acted, err = r.act(ctx, &kvc, obs, obs.rollout); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	untilBackup, err := r.reconcileBackups(ctx, &kvc, &status, now)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -86,47 +98,34 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		r.Recorder.Eventf(&kvc, nil, eventType, v.reason, "Phase"+string(v.phase), "%s", v.message)
 	}
 	requeue := v.requeueAfter
+	if acted { // a membership change shows in etcd at once; apply what follows from it soon
+		requeue = time.Second
+	}
 	if untilBackup > 0 && untilBackup < requeue {
 		requeue = untilBackup
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
-// applyChildren applies every object the cluster owns and returns the cached StatefulSet (empty
-// when it did not exist before this reconcile).
-func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster) (*appsv1.StatefulSet, error) {
+// applyChildren applies every object the cluster owns. The membership ConfigMap goes before the
+// StatefulSet, whose pods read it when they start.
+func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, membership specs.Membership, replicas int32) error {
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: kvc.Namespace, Name: name} }
 	if err := applyOwned(ctx, r.Client, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc), corev1ac.ExtractService); err != nil {
-		return nil, err
+		return err
 	}
 	if err := applyOwned(ctx, r.Client, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc), corev1ac.ExtractService); err != nil {
-		return nil, err
+		return err
 	}
 	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc), policyv1ac.ExtractPodDisruptionBudget); err != nil {
-		return nil, err
+		return err
 	}
-	sts := &appsv1.StatefulSet{}
+	if err := applyOwned(ctx, r.Client, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
+		specs.MembershipConfigMap(kvc, membership), corev1ac.ExtractConfigMap); err != nil {
+		return err
+	}
 	images := specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage}
-	if err := applyOwned(ctx, r.Client, key(kvc.Name), sts, specs.StatefulSet(kvc, images), appsv1ac.ExtractStatefulSet); err != nil {
-		return nil, err
-	}
-	return sts, nil
-}
-
-// observe reads the member pods' readiness from the StatefulSet and asks etcd about itself.
-func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster, sts *appsv1.StatefulSet) observation {
-	obs := observation{readyMembers: sts.Status.ReadyReplicas}
-	if sts.Status.Replicas == 0 {
-		obs.etcdErr = fmt.Errorf("no member pods exist yet")
-		return obs
-	}
-	cluster, err := r.Members.Cluster(ctx, specs.MemberClientURLs(kvc))
-	if err != nil {
-		obs.etcdErr = err
-		return obs
-	}
-	obs.cluster = &cluster
-	return obs
+	return applyOwned(ctx, r.Client, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, images, replicas), appsv1ac.ExtractStatefulSet)
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
@@ -138,6 +137,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
+		Owns(&corev1.ConfigMap{}).
 		Owns(&batchv1.Job{}).
 		Named("kvcluster").
 		Complete(r)

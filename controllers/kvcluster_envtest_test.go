@@ -2,8 +2,10 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"testing"
 	"time"
@@ -70,11 +72,24 @@ func (h *harness) setMembersReady(kvc *kvv1.KVCluster, ready int32) {
 	var sts appsv1.StatefulSet
 	h.get(&sts, kvc.Namespace, kvc.Name)
 	sts.Status.Replicas = kvc.Spec.Partitions
+	sts.Status.ObservedGeneration = sts.Generation
+	sts.Status.UpdateRevision = testRevision(&sts)
 	sts.Status.ReadyReplicas = ready
 	sts.Status.AvailableReplicas = ready
 	if err := h.client.Status().Update(context.Background(), &sts, client.FieldOwner("test-statefulset-controller")); err != nil {
 		h.t.Fatalf("update StatefulSet status: %v", err)
 	}
+}
+
+// testRevision names a StatefulSet revision after its pod template, as the StatefulSet controller does.
+func testRevision(sts *appsv1.StatefulSet) string {
+	data, err := json.Marshal(sts.Spec.Template)
+	if err != nil {
+		panic(err)
+	}
+	h := fnv.New32a()
+	h.Write(data)
+	return fmt.Sprintf("%s-%x", sts.Name, h.Sum32())
 }
 
 func etcdAnswer(n int, version string) members.Cluster {
@@ -370,8 +385,8 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		mutate  func(*kvv1.KVCluster)
 		wantErr string
 	}{
-		{"partitions change", func(k *kvv1.KVCluster) { k.Spec.Partitions = 5 }, "partitions cannot be changed yet"},
-		{"version change", func(k *kvv1.KVCluster) { k.Spec.Version = "3.7.4" }, "version cannot be changed yet"},
+		{"ok: partitions change (scaling)", func(k *kvv1.KVCluster) { k.Spec.Partitions = 5 }, ""},
+		{"partitions beyond the maximum", func(k *kvv1.KVCluster) { k.Spec.Partitions = 10 }, "less than or equal to 9"},
 		{"storage size change", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("2Gi") }, "storage cannot be changed after creation"},
 		{"storage class change", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "other" }, "storage cannot be changed after creation"},
 		{"ok: schedule change", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0 * * * *" }, ""},
@@ -400,5 +415,49 @@ func checkAdmission(t *testing.T, err error, wantErr string) {
 		t.Errorf("error %v is not an Invalid error", err)
 	case wantErr != "" && !strings.Contains(err.Error(), wantErr):
 		t.Errorf("error %q does not contain %q", err.Error(), wantErr)
+	}
+}
+
+// TestAdmissionOfVersionChanges: upgrades go forward one minor version at a time (3.6 to 3.7 only
+// from 3.6.11 on); downgrades are refused, except back to status.currentVersion while an upgrade
+// has not finished.
+func TestAdmissionOfVersionChanges(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("versions")
+	ctx := context.Background()
+	cases := []struct {
+		name, from, current, to string
+		wantErr                 string
+	}{
+		{"patch upgrade", "3.7.3", "3.7.3", "3.7.4", ""},
+		{"patch upgrade skipping patches", "3.6.11", "3.6.11", "3.6.16", ""},
+		{"minor upgrade from the required 3.6 patch", "3.6.16", "3.6.16", "3.7.3", ""},
+		{"minor upgrade from exactly 3.6.11", "3.6.11", "3.6.11", "3.7.0", ""},
+		{"minor upgrade from an old 3.6 patch", "3.6.10", "3.6.10", "3.7.3", "requires 3.6.11 or later before 3.7"},
+		{"minor upgrade from 3.6.0", "3.6.0", "3.6.0", "3.7.3", "requires 3.6.11 or later before 3.7"},
+		{"next minor, later patch", "3.7.3", "3.7.3", "3.8.1", ""},
+		{"skipping a minor version", "3.6.16", "3.6.16", "3.8.0", "cannot skip a minor version (3.6.16 to 3.8.0)"},
+		{"patch downgrade", "3.7.4", "3.7.4", "3.7.3", "cannot go down from 3.7.4 to 3.7.3"},
+		{"minor downgrade", "3.7.3", "3.7.3", "3.6.16", "cannot go down from 3.7.3 to 3.6.16"},
+		{"major change", "3.7.3", "3.7.3", "4.0.0", "from 3.6.0 on are supported"},
+		{"going back during an unfinished upgrade", "3.7.3", "3.6.16", "3.6.16", ""},
+		{"going below the running version during an upgrade", "3.7.3", "3.6.16", "3.6.15", "cannot go down from 3.7.3 to 3.6.15"},
+		{"unchanged", "3.6.16", "3.6.16", "3.6.16", ""},
+		{"not a version", "3.7.3", "3.7.3", "3.7", "MAJOR.MINOR.PATCH"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := newKVCluster(ns, fmt.Sprintf("v%d", i), 3)
+			k.Spec.Version = tc.from
+			if err := h.client.Create(ctx, k); err != nil {
+				t.Fatalf("create at %s: %v", tc.from, err)
+			}
+			k.Status.CurrentVersion = tc.current
+			if err := h.client.Status().Update(ctx, k); err != nil {
+				t.Fatalf("set status.currentVersion: %v", err)
+			}
+			k.Spec.Version = tc.to
+			checkAdmission(t, h.client.Update(ctx, k), tc.wantErr)
+		})
 	}
 }

@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -9,6 +11,7 @@ import (
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 // Condition reasons.
@@ -39,6 +42,31 @@ type observation struct {
 	cluster *members.Cluster
 	// etcdErr says why cluster is nil.
 	etcdErr error
+
+	// pods are the member pods by ordinal.
+	pods map[int]podInfo
+	// stsReplicas is the StatefulSet's current replicas (nil before it exists); stsSettled is true
+	// when its controller has seen its latest spec, so pod revisions can be compared with it.
+	stsReplicas *int32
+	stsSettled  bool
+	// membership is what the membership ConfigMap says now (nil before it exists).
+	membership *specs.Membership
+	// preUpgradeJob is the pre-upgrade backup Job, of this or an earlier upgrade; preUpgradeBackup
+	// is its state if it is this upgrade's.
+	preUpgradeJob    *batchv1.Job
+	preUpgradeBackup jobState
+	// rollout is the plan for changing a running cluster.
+	rollout rollout
+}
+
+func (o observation) outdatedPods() int {
+	n := 0
+	for _, p := range o.pods {
+		if p.outdated {
+			n++
+		}
+	}
+	return n
 }
 
 // healthy is the Ready criterion: every member pod ready, and etcd reporting a leader and exactly
@@ -78,15 +106,16 @@ type verdict struct {
 type phaseFunc func(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict
 
 var phaseFuncs = map[kvv1.Phase]phaseFunc{
-	kvv1.PhaseCreating: creating,
-	kvv1.PhaseReady:    ready,
-	kvv1.PhaseFailed:   failed,
+	kvv1.PhaseCreating:  creating,
+	kvv1.PhaseReady:     ready,
+	kvv1.PhaseUpgrading: upgrading,
+	kvv1.PhaseFailed:    failed,
 }
 
 // creating waits for every member and for etcd to agree on a healthy cluster of the right size.
 func creating(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 	if obs.healthy(kvc) {
-		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
+		return ready(kvc, obs, now)
 	}
 	if deadlinePassed(kvc, now) {
 		return verdict{kvv1.PhaseFailed, ReasonProgressDeadline, fmt.Sprintf(
@@ -101,6 +130,9 @@ func creating(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 // ready watches a formed cluster. Losing members is reported on the Ready condition while the
 // StatefulSet brings pods back; only a quorum lost for longer than the deadline needs a person.
 func ready(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+	if obs.rollout.pending && obs.rollout.reason != ReasonMembershipUnknown {
+		return verdict{kvv1.PhaseUpgrading, obs.rollout.reason, obs.rollout.message, pollWhileProgressing}
+	}
 	if obs.healthy(kvc) {
 		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
 	}
@@ -113,12 +145,43 @@ func ready(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 	return verdict{kvv1.PhaseReady, ReasonMembersUnavailable, obs.summary(kvc), pollWhileProgressing}
 }
 
+// upgrading changes a running cluster one step per reconcile (see planRollout) until it matches
+// the spec. A rollout that makes no progress for longer than the deadline needs a person.
+func upgrading(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+	if !obs.rollout.pending {
+		return ready(kvc, obs, now)
+	}
+	if deadlinePassed(kvc, now) {
+		reason, what := ReasonRolloutStalled, "the rollout made no progress"
+		if obs.quorumLost() {
+			reason, what = ReasonQuorumLost, "etcd lost its quorum during the rollout and did not regain it"
+		}
+		return verdict{kvv1.PhaseFailed, reason, fmt.Sprintf(
+			"%s for more than %ds: %s (%s). Fix the cause (kubectl describe pods -l app.kubernetes.io/instance=%s), "+
+				"then change the spec to continue, e.g. set spec.version back to %s to undo an unfinished upgrade",
+			what, kvc.Spec.ProgressDeadlineSeconds, obs.rollout.message, obs.summary(kvc), kvc.Name, orUnknown(kvc.Status.CurrentVersion)),
+			pollWhileFailed}
+	}
+	return verdict{kvv1.PhaseUpgrading, obs.rollout.reason, obs.rollout.message, pollWhileProgressing}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "the previous version"
+	}
+	return s
+}
+
 // failed keeps the cluster Failed until a person changes the spec, or the cluster heals itself.
 func failed(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 	if kvc.Generation != kvc.Status.ObservedGeneration {
-		return verdict{kvv1.PhaseCreating, ReasonSpecChanged, "the spec changed; trying again: " + obs.summary(kvc), pollWhileProgressing}
+		phase := kvv1.PhaseCreating
+		if bootstrapped(kvc, obs) {
+			phase = kvv1.PhaseUpgrading
+		}
+		return verdict{phase, ReasonSpecChanged, "the spec changed; trying again: " + obs.summary(kvc), pollWhileProgressing}
 	}
-	if obs.healthy(kvc) {
+	if obs.healthy(kvc) && !obs.rollout.pending {
 		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
 	}
 	v := verdict{phase: kvv1.PhaseFailed, reason: ReasonProgressDeadline, message: obs.summary(kvc), requeueAfter: pollWhileFailed}
@@ -156,12 +219,13 @@ func decide(kvc *kvv1.KVCluster, obs observation, endpoint string, now time.Time
 	st.ObservedGeneration = kvc.Generation
 	st.ClientEndpoint = endpoint
 	nowTime := metav1.NewTime(now.Truncate(time.Second))
-	if v.phase != kvc.Status.Phase || obs.readyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil {
+	st.Members = memberStatuses(kvc, obs)
+	if v.phase != kvc.Status.Phase || obs.readyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil ||
+		membersMoved(kvc.Status.Members, st.Members) {
 		st.LastProgressTime = &nowTime
 	}
 	st.Phase = v.phase
 	st.ReadyPartitions = obs.readyMembers
-	st.Members = memberStatuses(kvc.Status.Members, obs.cluster)
 	if ver := commonVersion(obs.cluster); ver != "" {
 		st.CurrentVersion = ver
 	}
@@ -194,9 +258,23 @@ func setCondition(st *kvv1.KVClusterStatus, condType string, status bool, reason
 	})
 }
 
+// membersMoved reports progress of a rollout: a member joined, left, was promoted or changed version.
+func membersMoved(before, after []kvv1.MemberStatus) bool {
+	key := func(ms []kvv1.MemberStatus) string {
+		s := ""
+		for _, m := range ms {
+			s += fmt.Sprintf("%s/%s/%s/%t;", m.Name, m.ID, m.Version, m.Learner)
+		}
+		return s
+	}
+	return key(before) != key(after)
+}
+
 // memberStatuses is etcd's member list for status; when etcd did not answer, the last known list
-// is kept with every member marked not healthy and no leader.
-func memberStatuses(previous []kvv1.MemberStatus, cluster *members.Cluster) []kvv1.MemberStatus {
+// is kept with every member marked not healthy and no leader. A member seen healthy records the
+// volume claim it runs on; a member not seen healthy keeps the one recorded before.
+func memberStatuses(kvc *kvv1.KVCluster, obs observation) []kvv1.MemberStatus {
+	previous, cluster := kvc.Status.Members, obs.cluster
 	if cluster == nil {
 		out := make([]kvv1.MemberStatus, len(previous))
 		for i, m := range previous {
@@ -207,10 +285,21 @@ func memberStatuses(previous []kvv1.MemberStatus, cluster *members.Cluster) []kv
 	}
 	out := make([]kvv1.MemberStatus, 0, len(cluster.Members))
 	for _, m := range cluster.Members {
-		out = append(out, kvv1.MemberStatus{
-			Name: m.Name, ID: fmt.Sprintf("%x", m.ID), Version: m.Version,
+		name := m.Name
+		if !m.Started() { // an added member is known by its peer URL until it runs
+			if ord, ok := memberOrdinal(kvc, m); ok {
+				name = specs.MemberName(kvc, ord)
+			}
+		}
+		ms := kvv1.MemberStatus{
+			Name: name, ID: fmt.Sprintf("%x", m.ID), Version: m.Version,
 			Leader: m.Leader, Learner: m.Learner, Healthy: m.Healthy,
-		})
+			VolumeUID: string(recordedVolume(kvc, name)),
+		}
+		if ord, ok := specs.OrdinalOfMember(kvc, name); ok && m.Healthy && m.Started() && obs.pods[ord].volumeUID != "" {
+			ms.VolumeUID = string(obs.pods[ord].volumeUID)
+		}
+		out = append(out, ms)
 	}
 	return out
 }

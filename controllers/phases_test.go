@@ -45,6 +45,7 @@ func TestDecidePhaseTransitions(t *testing.T) {
 	withLearner.Members[2].Learner = true
 	oneDown := healthyCluster(3, "3.7.3")
 	oneDown.Members[1].Healthy = false
+	rolling := rollout{pending: true, action: actWait, reason: ReasonUpgrading, message: "1/3 members on 3.7.4; waiting for member kv-1 to be healthy"}
 
 	tests := []struct {
 		name        string
@@ -84,6 +85,23 @@ func TestDecidePhaseTransitions(t *testing.T) {
 			observation{readyMembers: 3, cluster: mixed}, kvv1.PhaseReady, ReasonClusterReady, true, false, false, ""},
 		{"failed: healing by itself -> Ready", kvcIn(kvv1.PhaseFailed, time.Hour),
 			observation{readyMembers: 3, cluster: healthyCluster(3, "3.7.3")}, kvv1.PhaseReady, ReasonClusterReady, true, false, false, "3.7.3"},
+		{"ready: a pending rollout -> Upgrading", kvcIn(kvv1.PhaseReady, time.Hour),
+			observation{readyMembers: 3, cluster: healthyCluster(3, "3.7.3"), rollout: rolling}, kvv1.PhaseUpgrading, ReasonUpgrading, false, false, true, "3.7.3"},
+		{"ready: no quorum and unknown work stays Ready", kvcIn(kvv1.PhaseReady, time.Minute),
+			observation{readyMembers: 1, etcdErr: noQuorum, rollout: rollout{pending: true, reason: ReasonMembershipUnknown}}, kvv1.PhaseReady, ReasonMembersUnavailable, false, false, false, ""},
+		{"upgrading: making progress", kvcIn(kvv1.PhaseUpgrading, time.Minute),
+			observation{readyMembers: 2, cluster: oneDown, rollout: rolling}, kvv1.PhaseUpgrading, ReasonUpgrading, false, false, true, ""},
+		{"upgrading: nothing left -> Ready", kvcIn(kvv1.PhaseUpgrading, time.Minute),
+			observation{readyMembers: 3, cluster: healthyCluster(3, "3.7.4")}, kvv1.PhaseReady, ReasonClusterReady, true, false, false, "3.7.4"},
+		{"upgrading: no progress past the deadline -> Failed", kvcIn(kvv1.PhaseUpgrading, 11*time.Minute),
+			observation{readyMembers: 2, cluster: oneDown, rollout: rolling}, kvv1.PhaseFailed, ReasonRolloutStalled, false, true, false, ""},
+		{"upgrading: quorum lost past the deadline -> Failed", kvcIn(kvv1.PhaseUpgrading, 11*time.Minute),
+			observation{readyMembers: 1, etcdErr: noQuorum, rollout: rolling}, kvv1.PhaseFailed, ReasonQuorumLost, false, true, false, ""},
+		{"failed: a spec change on a formed cluster -> Upgrading", func() *kvv1.KVCluster {
+			k := kvcIn(kvv1.PhaseFailed, time.Hour)
+			k.Generation, k.Status.CurrentVersion = 2, "3.6.16"
+			return k
+		}(), observation{readyMembers: 2, cluster: oneDown, rollout: rolling}, kvv1.PhaseUpgrading, ReasonSpecChanged, false, false, true, "3.6.16"},
 		{"failed: stays Failed while nothing changes", kvcIn(kvv1.PhaseFailed, time.Hour),
 			observation{readyMembers: 0, etcdErr: noQuorum}, kvv1.PhaseFailed, ReasonProgressDeadline, false, true, false, ""},
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -100,11 +101,95 @@ func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	return t.next.RoundTrip(req)
 }
 
-// fakeMembers stands in for etcd: tests set what etcd would answer.
+// fakeMembers stands in for etcd: tests set what etcd would answer. Membership requests change
+// that answer as etcd would, and are recorded in calls.
 type fakeMembers struct {
 	mu      sync.Mutex
 	cluster members.Cluster
 	err     error
+	calls   []string
+	// notReady makes Promote answer ErrLearnerNotReady.
+	notReady bool
+	nextID   uint64
+}
+
+func (f *fakeMembers) record(format string, args ...any) {
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+}
+
+func (f *fakeMembers) takeCalls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.calls
+	f.calls = nil
+	return c
+}
+
+func (f *fakeMembers) update(change func(c *members.Cluster)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	change(&f.cluster)
+}
+
+func (f *fakeMembers) member(id uint64) *members.Member {
+	for i := range f.cluster.Members {
+		if f.cluster.Members[i].ID == id {
+			return &f.cluster.Members[i]
+		}
+	}
+	return nil
+}
+
+func (f *fakeMembers) MoveLeader(_ context.Context, leaderEndpoint string, to uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	target := f.member(to)
+	if target == nil {
+		return fmt.Errorf("no member %x", to)
+	}
+	for i := range f.cluster.Members {
+		f.cluster.Members[i].Leader = false
+	}
+	target.Leader = true
+	f.record("move-leader %s", target.Name)
+	return nil
+}
+
+func (f *fakeMembers) AddLearner(_ context.Context, _ []string, peerURL string) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextID++
+	id := 100 + f.nextID
+	f.cluster.Members = append(f.cluster.Members, members.Member{ID: id, Learner: true, PeerURLs: []string{peerURL}})
+	f.record("add-learner %s", peerURL)
+	return id, nil
+}
+
+func (f *fakeMembers) Promote(_ context.Context, _ []string, id uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.notReady {
+		return members.ErrLearnerNotReady
+	}
+	m := f.member(id)
+	if m == nil {
+		return fmt.Errorf("no member %x", id)
+	}
+	m.Learner = false
+	f.record("promote %s", m.Name)
+	return nil
+}
+
+func (f *fakeMembers) Remove(_ context.Context, _ []string, id uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.member(id)
+	if m == nil {
+		return fmt.Errorf("no member %x", id)
+	}
+	f.record("remove %s", m.Name)
+	f.cluster.Members = slices.DeleteFunc(f.cluster.Members, func(m members.Member) bool { return m.ID == id })
+	return nil
 }
 
 func (f *fakeMembers) set(c members.Cluster, err error) {
@@ -116,7 +201,9 @@ func (f *fakeMembers) set(c members.Cluster, err error) {
 func (f *fakeMembers) Cluster(context.Context, []string) (members.Cluster, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.cluster, f.err
+	c := f.cluster
+	c.Members = slices.Clone(c.Members)
+	return c, f.err
 }
 
 // harness is one reconciler over the real API server, with a fake etcd and a fake clock.

@@ -34,6 +34,7 @@ const (
 	operatorNamespace  = "kvcluster-system"
 	operatorDeployment = "kvcluster-operator"
 	defaultImage       = "ghcr.io/kvcluster/kvcluster-operator:dev"
+	writerImage        = "kvcluster.io/writer:dev"
 )
 
 var (
@@ -59,6 +60,7 @@ func TestMain(m *testing.M) {
 			envfuncs.CreateClusterWithConfig(kind.NewProvider(), name, "kind-config.yaml"),
 			envfuncs.LoadImageToCluster(name, image),
 			envfuncs.LoadImageToCluster(name, "kvcluster.io/versitygw:dev"),
+			envfuncs.LoadImageToCluster(name, writerImage),
 		)
 		testenv.Finish(envfuncs.DestroyCluster(name))
 	} else if cfg.KubeconfigFile() == "" {

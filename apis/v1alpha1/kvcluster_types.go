@@ -10,11 +10,12 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup (s3 or pvc): where the backups go"
 // +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.partitions) || self.partitions == oldSelf.partitions",message="partitions cannot be changed yet: this operator release does not add or remove etcd members; create a new KVCluster (restored from a backup) with the size you need"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.version) || self.version == oldSelf.version",message="version cannot be changed yet: this operator release does not perform rolling upgrades; create a new KVCluster (restored from a backup) on the new version"
 type KVClusterSpec struct {
 	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
-	// etcd 3.6 and later are supported.
+	// etcd 3.6 and later are supported. Changing it starts a rolling upgrade, one member at a time.
+	// Upgrades go one minor version at a time (3.6 to 3.7 from 3.6.11 on, as etcd requires);
+	// downgrades are refused, except going back to status.currentVersion while an upgrade has not
+	// finished (etcd's cluster version only moves once every member runs the new release).
 	//
 	// +required
 	// +kubebuilder:validation:MinLength=1
@@ -25,7 +26,9 @@ type KVClusterSpec struct {
 	Version string `json:"version"`
 
 	// Partitions is the number of etcd members (the StatefulSet's replicas). Odd numbers tolerate
-	// the most failures per member: 3 survive one failure, 5 survive two.
+	// the most failures per member: 3 survive one failure, 5 survive two. Changing it adds members
+	// one at a time (each joins as a learner and is promoted once caught up) or removes the highest
+	// ordinals one at a time (each leaves etcd before its pod goes; its volume is deleted).
 	//
 	// +required
 	// +kubebuilder:validation:Minimum=1
@@ -425,7 +428,9 @@ const (
 	PhaseCreating Phase = "Creating"
 	// PhaseReady: the cluster formed and serves requests; see the Ready condition for its health now.
 	PhaseReady Phase = "Ready"
-	// PhaseUpgrading: members are being moved to a new version one at a time.
+	// PhaseUpgrading: the operator is changing a running cluster one member at a time: moving
+	// members to a new version or pod template, adding or removing members, or replacing a member
+	// that lost its data. The Reconciling condition's reason and message say which, and how far.
 	PhaseUpgrading Phase = "Upgrading"
 	// PhaseFailed: the operator cannot make progress without a person; the Stalled condition says why.
 	PhaseFailed Phase = "Failed"
@@ -470,6 +475,11 @@ type MemberStatus struct {
 	// Healthy is true when the member answered a status request.
 	// +optional
 	Healthy bool `json:"healthy,omitempty"`
+	// VolumeUID is the UID of the PersistentVolumeClaim the member's data was last seen healthy on.
+	// A member whose pod comes back on a different (new, empty) claim has lost its data: the
+	// operator removes it from etcd and adds it back as a learner.
+	// +optional
+	VolumeUID string `json:"volumeUID,omitempty"`
 }
 
 // KVClusterStatus is the observed state of a KVCluster.
@@ -542,6 +552,9 @@ type KVClusterStatus struct {
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 52",message="metadata.name must be at most 52 characters (it prefixes the member pods' host names)"
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label: lower-case letters, digits and '-', starting with a letter (it becomes the members' host names)"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.version) || self.spec.version == oldSelf.spec.version || !self.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || !oldSelf.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || (has(self.status) && has(self.status.currentVersion) && self.spec.version == self.status.currentVersion) || int(self.spec.version.split('.')[1]) > int(oldSelf.spec.version.split('.')[1]) || (int(self.spec.version.split('.')[1]) == int(oldSelf.spec.version.split('.')[1]) && int(self.spec.version.split('.')[2]) >= int(oldSelf.spec.version.split('.')[2]))",messageExpression="'spec.version cannot go down from ' + oldSelf.spec.version + ' to ' + self.spec.version + ': etcd does not support downgrades (only going back to status.currentVersion, while an upgrade has not finished, is allowed); restore a backup into a new KVCluster instead'"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.version) || self.spec.version == oldSelf.spec.version || !self.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || !oldSelf.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || int(self.spec.version.split('.')[1]) <= int(oldSelf.spec.version.split('.')[1]) + 1",messageExpression="'spec.version cannot skip a minor version (' + oldSelf.spec.version + ' to ' + self.spec.version + '): upgrade one minor version at a time, e.g. 3.6 to 3.7, waiting for status.currentVersion between steps'"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.version) || self.spec.version == oldSelf.spec.version || !self.spec.version.matches('^3\\\\.7\\\\.[0-9]+$') || !oldSelf.spec.version.matches('^3\\\\.6\\\\.[0-9]+$') || int(oldSelf.spec.version.split('.')[2]) >= 11",messageExpression="'spec.version cannot go from ' + oldSelf.spec.version + ' to ' + self.spec.version + ' directly: etcd requires 3.6.11 or later before 3.7; upgrade to the latest 3.6 release first'"
 type KVCluster struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

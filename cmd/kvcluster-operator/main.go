@@ -69,6 +69,9 @@ func main() {
 			&policyv1.PodDisruptionBudget{}: owned,
 			&batchv1.Job{}:                  owned,
 			&corev1.Pod{}:                   owned,
+			// Members' claims carry the labels of the StatefulSet's claim template.
+			&corev1.PersistentVolumeClaim{}: owned,
+			&corev1.ConfigMap{}:             owned,
 		}},
 	})
 	if err != nil {

@@ -115,6 +115,10 @@ func runBackup(args []string) int {
 	return 0
 }
 
+// joiningMessage: a member added to a running cluster (scaled up, or replaced after losing its data)
+// must not restore the backup: it would come up with old data under the cluster's identity.
+const joiningMessage = "the member joins a running cluster, which sends it the current data: nothing to restore"
+
 // runRestoreFetch is a restoring member's first init container (operator image): it copies this
 // binary for the second one and downloads and verifies the snapshot, unless the member has data.
 func runRestoreFetch(args []string) int {
@@ -125,6 +129,7 @@ func runRestoreFetch(args []string) int {
 	dataDir := fs.String("data-dir", "", "the member's etcd data dir")
 	out := fs.String("out", "", "where to put the snapshot")
 	copyTo := fs.String("copy-self-to", "", "copy this program here, for the init container in the etcd image")
+	clusterState := fs.String("initial-cluster-state", "new", "new: restore; existing: the member joins a running cluster, which gives it its data")
 	terminationLog := fs.String("termination-log", "/dev/termination-log", "where a failure is written")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -138,6 +143,10 @@ func runRestoreFetch(args []string) int {
 	}
 	if err := backup.CopyExecutable(*copyTo); err != nil {
 		return fail(*terminationLog, "restore", fmt.Errorf("copy the restore program: %w", err))
+	}
+	if *clusterState == "existing" {
+		fmt.Println(joiningMessage)
+		return 0
 	}
 	ctx, cancel := signalContext(30 * time.Minute)
 	defer cancel()
@@ -165,9 +174,14 @@ func runRestoreApply(args []string) int {
 	fs.StringVar(&m.InitialCluster, "initial-cluster", "", "the new cluster's members")
 	fs.StringVar(&m.Token, "initial-cluster-token", "", "the new cluster's token")
 	fs.StringVar(&m.PeerURL, "initial-advertise-peer-urls", "", "this member's peer URL")
+	clusterState := fs.String("initial-cluster-state", "new", "new: restore; existing: the member joins a running cluster, which gives it its data")
 	terminationLog := fs.String("termination-log", "/dev/termination-log", "where a failure is written")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *clusterState == "existing" {
+		fmt.Println(joiningMessage)
+		return 0
 	}
 	if err := requireFlags(map[string]string{"--snapshot": *snapshot, "--data-dir": *dataDir, "--name": m.Name,
 		"--initial-cluster": m.InitialCluster, "--initial-cluster-token": m.Token, "--initial-advertise-peer-urls": m.PeerURL}); err != nil {

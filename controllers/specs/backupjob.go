@@ -15,10 +15,24 @@ import (
 
 // BackupKindLabel tells scheduled backup Jobs from the final one.
 const (
-	BackupKindLabel = "kvcluster.io/backup"
-	BackupScheduled = "scheduled"
-	BackupFinal     = "final"
+	BackupKindLabel  = "kvcluster.io/backup"
+	BackupScheduled  = "scheduled"
+	BackupFinal      = "final"
+	BackupPreUpgrade = "pre-upgrade"
+
+	// TargetVersionAnnotation on the pre-upgrade backup Job names the version it was taken for.
+	TargetVersionAnnotation = "kvcluster.io/target-version"
 )
+
+// PreUpgradeBackupJobName is the one Job of the backup taken before an upgrade; the Job of an
+// earlier upgrade is replaced (its target version is in TargetVersionAnnotation).
+func PreUpgradeBackupJobName(kvc *kvv1.KVCluster) string { return kvc.Name + "-preupgrade" }
+
+// PreUpgradeBackupJob is the backup Job taken before the members move to spec.version.
+func PreUpgradeBackupJob(kvc *kvv1.KVCluster, image string) *batchv1ac.JobApplyConfiguration {
+	return BackupJob(kvc, PreUpgradeBackupJobName(kvc), BackupPreUpgrade, image).
+		WithAnnotations(map[string]string{TargetVersionAnnotation: kvc.Spec.Version})
+}
 
 // FinalBackupJobName is the one Job of the final backup: deterministic, so a retried reconcile
 // never starts a second one.

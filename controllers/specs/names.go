@@ -5,7 +5,6 @@ package specs
 
 import (
 	"fmt"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -51,6 +50,11 @@ func MemberName(kvc *kvv1.KVCluster, ordinal int) string {
 	return fmt.Sprintf("%s-%d", kvc.Name, ordinal)
 }
 
+// DataClaimName is the PersistentVolumeClaim the StatefulSet creates for a member's data.
+func DataClaimName(kvc *kvv1.KVCluster, ordinal int) string {
+	return dataVolume + "-" + MemberName(kvc, ordinal)
+}
+
 // memberHost is a member's DNS name relative to the cluster domain, so it works whatever the
 // cluster domain is (pods resolve it through their search path).
 func memberHost(kvc *kvv1.KVCluster, member string) string {
@@ -74,16 +78,6 @@ func MemberClientURLs(kvc *kvv1.KVCluster) []string {
 // ClientEndpoint is the URL of the client Service.
 func ClientEndpoint(kvc *kvv1.KVCluster) string {
 	return fmt.Sprintf("http://%s.%s.svc:%d", ClientServiceName(kvc), kvc.Namespace, ClientPort)
-}
-
-// InitialCluster is etcd's --initial-cluster value for the members of a new cluster.
-func InitialCluster(kvc *kvv1.KVCluster) string {
-	parts := make([]string, 0, kvc.Spec.Partitions)
-	for i := range int(kvc.Spec.Partitions) {
-		m := MemberName(kvc, i)
-		parts = append(parts, fmt.Sprintf("%s=http://%s:%d", m, memberHost(kvc, m), PeerPort))
-	}
-	return strings.Join(parts, ",")
 }
 
 // Image is the etcd image of the cluster's version.

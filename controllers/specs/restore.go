@@ -18,7 +18,8 @@ const (
 // emptyDir and downloads the snapshot, verifying its sha256 (it alone sees the credentials). The
 // second runs the etcd image of the cluster's version — a snapshot must be restored by the etcdutl
 // of the version that will run it — using that copied binary, since the etcd image has no shell.
-// Both do nothing once the member has data, so a restarted pod never restores twice.
+// Both do nothing once the member has data, so a restarted pod never restores twice, and nothing
+// when the member joins the running cluster (scale-up, replacement), which sends it its data.
 func restoreInitContainers(kvc *kvv1.KVCluster, img Images) []*corev1ac.ContainerApplyConfiguration {
 	r := kvc.Spec.Restore
 	access := accessTo(r.S3, r.PVC, true)
@@ -28,6 +29,7 @@ func restoreInitContainers(kvc *kvv1.KVCluster, img Images) []*corev1ac.Containe
 		"--data-dir=" + dataDir,
 		"--out=" + restoreSnapshot,
 		"--copy-self-to=" + restoreToolsMount + "/kvcluster-operator",
+		"--initial-cluster-state=$(" + envInitialClusterState + ")",
 	}, access.args...)
 	if r.SHA256 != "" {
 		fetchArgs = append(fetchArgs, "--sha256="+r.SHA256)
@@ -42,6 +44,7 @@ func restoreInitContainers(kvc *kvv1.KVCluster, img Images) []*corev1ac.Containe
 		WithImagePullPolicy(corev1.PullIfNotPresent).
 		WithArgs(fetchArgs...).
 		WithEnv(access.env...).
+		WithEnv(membershipEnv(kvc)...).
 		WithVolumeMounts(mounts...).
 		WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError).
 		WithSecurityContext(restrictedContainer())
@@ -56,11 +59,13 @@ func restoreInitContainers(kvc *kvv1.KVCluster, img Images) []*corev1ac.Containe
 			"--snapshot="+restoreSnapshot,
 			"--data-dir="+dataDir,
 			"--name=$(POD_NAME)",
-			"--initial-cluster="+InitialCluster(kvc),
+			"--initial-cluster=$("+envInitialCluster+")",
+			"--initial-cluster-state=$("+envInitialClusterState+")",
 			"--initial-cluster-token="+clusterToken(kvc),
 			"--initial-advertise-peer-urls="+selfPeerURL(kvc),
 		).
 		WithEnv(podNameEnv()).
+		WithEnv(membershipEnv(kvc)...).
 		WithVolumeMounts(mounts...).
 		WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError).
 		WithSecurityContext(restrictedContainer())

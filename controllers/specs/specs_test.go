@@ -1,6 +1,7 @@
 package specs
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -121,7 +122,7 @@ func TestStatefulSet(t *testing.T) {
 	kvc := cluster(3)
 	kvc.Spec.Storage = kvv1.StorageSpec{Size: resource.MustParse("2Gi"), StorageClassName: "fast"}
 	kvc.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}
-	sts := StatefulSet(kvc, Images{})
+	sts := StatefulSet(kvc, Images{}, 3)
 	spec := sts.Spec
 
 	if *spec.Replicas != 3 || *spec.ServiceName != "kv-peer" {
@@ -166,8 +167,6 @@ func TestStatefulSet(t *testing.T) {
 	}
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{
-		"--initial-cluster=" + InitialCluster(kvc),
-		"--initial-cluster-state=new",
 		"--initial-advertise-peer-urls=http://$(POD_NAME).kv-peer.prod.svc:2380",
 		"--listen-metrics-urls=http://0.0.0.0:2381",
 		"--data-dir=/var/lib/etcd/data",
@@ -178,6 +177,20 @@ func TestStatefulSet(t *testing.T) {
 	}
 	if strings.Contains(args, "--experimental") {
 		t.Errorf("etcd 3.7 refuses --experimental-* flags: %s", args)
+	}
+	// The initial cluster changes with the membership, so it must come from the ConfigMap (read
+	// when the container starts), not from the template (a change would make every pod outdated).
+	if strings.Contains(args, "--initial-cluster=") || strings.Contains(args, "--initial-cluster-state") {
+		t.Errorf("the initial cluster must not be a flag: %s", args)
+	}
+	fromConfigMap := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil {
+			fromConfigMap[*e.Name] = *e.ValueFrom.ConfigMapKeyRef.Name + "/" + *e.ValueFrom.ConfigMapKeyRef.Key
+		}
+	}
+	if fromConfigMap["ETCD_INITIAL_CLUSTER"] != "kv-members/initial-cluster" || fromConfigMap["ETCD_INITIAL_CLUSTER_STATE"] != "kv-members/initial-cluster-state" {
+		t.Errorf("etcd env from the membership ConfigMap = %v", fromConfigMap)
 	}
 
 	pvc := spec.VolumeClaimTemplates[0]
@@ -191,7 +204,7 @@ func TestStatefulSet(t *testing.T) {
 }
 
 func TestStatefulSetDefaultsStorage(t *testing.T) {
-	sts := StatefulSet(cluster(1), Images{})
+	sts := StatefulSet(cluster(1), Images{}, 1)
 	pvc := sts.Spec.VolumeClaimTemplates[0]
 	if pvc.Spec.StorageClassName != nil {
 		t.Errorf("an empty storageClassName must use the cluster default, got %q", *pvc.Spec.StorageClassName)
@@ -203,7 +216,7 @@ func TestStatefulSetDefaultsStorage(t *testing.T) {
 
 func TestStatefulSetRestoresFromABackup(t *testing.T) {
 	kvc := cluster(3)
-	if sts := StatefulSet(kvc, Images{Operator: "op:1"}); len(sts.Spec.Template.Spec.InitContainers) != 0 {
+	if sts := StatefulSet(kvc, Images{Operator: "op:1"}, 3); len(sts.Spec.Template.Spec.InitContainers) != 0 {
 		t.Fatal("a cluster without spec.restore must not restore")
 	}
 	kvc.Spec.Restore = &kvv1.RestoreSpec{
@@ -211,12 +224,12 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 		Key:    "team/prod/kv/kv-final.db",
 		SHA256: strings.Repeat("0f", 32),
 	}
-	pod := StatefulSet(kvc, Images{Operator: "op:1"}).Spec.Template.Spec
+	pod := StatefulSet(kvc, Images{Operator: "op:1"}, 3).Spec.Template.Spec
 	if len(pod.InitContainers) != 2 {
 		t.Fatalf("init containers = %d, want fetch and apply", len(pod.InitContainers))
 	}
 	fetch, apply := pod.InitContainers[0], pod.InitContainers[1]
-	if *fetch.Image != "op:1" || len(fetch.Env) != 2 || *fetch.Env[0].ValueFrom.SecretKeyRef.Name != "creds" {
+	if *fetch.Image != "op:1" || len(fetch.Env) != 4 || *fetch.Env[0].ValueFrom.SecretKeyRef.Name != "creds" {
 		t.Errorf("fetch runs the operator image with the credentials: %s %+v", *fetch.Image, fetch.Env)
 	}
 	fetchArgs := strings.Join(fetch.Args, " ")
@@ -227,12 +240,21 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 	}
 	// The restore itself runs in the etcd image of the cluster's own version, without credentials,
 	// and gives each member exactly the membership etcd will start with.
-	if *apply.Image != "gcr.io/etcd-development/etcd:v3.7.3" || len(apply.Env) != 1 {
+	if *apply.Image != "gcr.io/etcd-development/etcd:v3.7.3" || len(apply.Env) != 3 {
 		t.Errorf("apply image %s env %+v", *apply.Image, apply.Env)
 	}
 	applyArgs := strings.Join(apply.Args, " ")
+	// A member that joins the running cluster later (scale-up, replacement) must not restore.
+	for _, args := range []string{fetchArgs, applyArgs} {
+		if !strings.Contains(args, "--initial-cluster-state=$(ETCD_INITIAL_CLUSTER_STATE)") {
+			t.Errorf("restore must skip members joining a running cluster: %s", args)
+		}
+	}
+	if !strings.Contains(applyArgs, "--initial-cluster=$(ETCD_INITIAL_CLUSTER)") {
+		t.Errorf("restore must use the membership etcd starts with: %s", applyArgs)
+	}
 	etcdArgs := strings.Join(EtcdArgs(kvc), " ")
-	for _, flag := range []string{"--initial-cluster=", "--initial-cluster-token=", "--initial-advertise-peer-urls="} {
+	for _, flag := range []string{"--initial-cluster-token=", "--initial-advertise-peer-urls="} {
 		i := strings.Index(etcdArgs, flag)
 		same := strings.Fields(etcdArgs[i:])[0]
 		if !strings.Contains(applyArgs, same) {
@@ -317,12 +339,65 @@ func TestBackupAndRestoreOnAPersistentVolumeClaim(t *testing.T) {
 	}
 
 	kvc.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}, Key: "etcd/prod/old/old-final.db"}
-	sts := StatefulSet(kvc, Images{Operator: "op:1"}).Spec.Template.Spec
+	sts := StatefulSet(kvc, Images{Operator: "op:1"}, 3).Spec.Template.Spec
 	fetch := sts.InitContainers[0]
 	if len(sts.Volumes) != 2 || *sts.Volumes[1].PersistentVolumeClaim.ClaimName != "backup-volume" || !*sts.Volumes[1].PersistentVolumeClaim.ReadOnly {
 		t.Errorf("the restore must mount the claim read-only: %+v", sts.Volumes)
 	}
 	if m := fetch.VolumeMounts[len(fetch.VolumeMounts)-1]; *m.MountPath != "/backups" || !*m.ReadOnly {
 		t.Errorf("fetch mounts = %+v", fetch.VolumeMounts)
+	}
+}
+
+func TestMembershipConfigMap(t *testing.T) {
+	kvc := cluster(3)
+	peer := func(i int) string { return fmt.Sprintf("kv-%d=http://kv-%d.kv-peer.prod.svc:2380", i, i) }
+	tests := []struct {
+		name        string
+		membership  Membership
+		wantCluster string
+	}{
+		{"a new cluster starts with all partitions", NewClusterMembership(kvc), peer(0) + "," + peer(1) + "," + peer(2)},
+		{"a joining member gets the members etcd has", Membership{State: ClusterStateExisting, Ordinals: []int{0, 1, 2, 3}},
+			peer(0) + "," + peer(1) + "," + peer(2) + "," + peer(3)},
+		{"a replaced member's slot may be a hole", Membership{State: ClusterStateExisting, Ordinals: []int{0, 2}}, peer(0) + "," + peer(2)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cm := MembershipConfigMap(kvc, tt.membership)
+			if *cm.Name != "kv-members" || cm.Data["initial-cluster"] != tt.wantCluster || cm.Data["initial-cluster-state"] != tt.membership.State {
+				t.Errorf("ConfigMap %s data = %v, want %s (%s)", *cm.Name, cm.Data, tt.wantCluster, tt.membership.State)
+			}
+			back, ok := ParseMembership(kvc, cm.Data)
+			if !ok || back.State != tt.membership.State || fmt.Sprint(back.Ordinals) != fmt.Sprint(tt.membership.Ordinals) {
+				t.Errorf("ParseMembership = %+v %t, want %+v", back, ok, tt.membership)
+			}
+		})
+	}
+	if _, ok := ParseMembership(kvc, map[string]string{"initial-cluster": peer(0), "initial-cluster-state": "bogus"}); ok {
+		t.Error("an unknown state must not parse")
+	}
+}
+
+func TestOrdinalOfPeerURL(t *testing.T) {
+	kvc := cluster(3)
+	tests := []struct {
+		url  string
+		want int
+		ok   bool
+	}{
+		{"http://kv-0.kv-peer.prod.svc:2380", 0, true},
+		{"http://kv-12.kv-peer.prod.svc:2380", 12, true},
+		{"http://kv-01.kv-peer.prod.svc:2380", 0, false},
+		{"http://kv-1.kv-peer.other.svc:2380", 0, false},
+		{"http://kvx-1.kv-peer.prod.svc:2380", 0, false},
+		{"http://kv-1.kv-peer.prod.svc:2379", 0, false},
+		{"", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := OrdinalOfPeerURL(kvc, tt.url)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("OrdinalOfPeerURL(%q) = %d, %t; want %d, %t", tt.url, got, ok, tt.want, tt.ok)
+		}
 	}
 }

@@ -42,12 +42,14 @@ type Images struct {
 	Operator       string
 }
 
-func StatefulSet(kvc *kvv1.KVCluster, img Images) *appsv1ac.StatefulSetApplyConfiguration {
+// replicas is how many members the operator lets run: during membership changes it moves one
+// member at a time, ahead of or behind spec.partitions.
+func StatefulSet(kvc *kvv1.KVCluster, img Images, replicas int32) *appsv1ac.StatefulSetApplyConfiguration {
 	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
 		WithLabels(Labels(kvc)).
 		WithOwnerReferences(OwnerReference(kvc)).
 		WithSpec(appsv1ac.StatefulSetSpec().
-			WithReplicas(kvc.Spec.Partitions).
+			WithReplicas(replicas).
 			WithServiceName(PeerServiceName(kvc)).
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))).
 			WithPodManagementPolicy(appsv1.ParallelPodManagement).
@@ -93,6 +95,7 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 		WithCommand("/usr/local/bin/etcd").
 		WithArgs(EtcdArgs(kvc)...).
 		WithEnv(podNameEnv()).
+		WithEnv(membershipEnv(kvc)...).
 		WithPorts(
 			containerPort("client", ClientPort),
 			containerPort("peer", PeerPort),
@@ -118,7 +121,8 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 }
 
 // EtcdArgs are the etcd server flags of every member. $(POD_NAME) is expanded by the kubelet. No
-// --experimental-* flag is used: etcd 3.7 removed them all and refuses to start with one.
+// --experimental-* flag is used: etcd 3.7 removed them all and refuses to start with one. The
+// initial cluster and its state come from the environment (membershipEnv).
 func EtcdArgs(kvc *kvv1.KVCluster) []string {
 	self := selfHost(kvc)
 	return []string{
@@ -129,8 +133,6 @@ func EtcdArgs(kvc *kvv1.KVCluster) []string {
 		fmt.Sprintf("--listen-metrics-urls=http://0.0.0.0:%d", MetricsPort),
 		fmt.Sprintf("--advertise-client-urls=http://%s:%d", self, ClientPort),
 		"--initial-advertise-peer-urls=" + selfPeerURL(kvc),
-		"--initial-cluster=" + InitialCluster(kvc),
-		"--initial-cluster-state=new",
 		"--initial-cluster-token=" + clusterToken(kvc),
 		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(StorageSize(kvc)), 10),
 		// Keep one hour of history, so the database does not grow without bound.

@@ -33,4 +33,7 @@ fi
 # netcheck proves from inside a pod that the local cluster is isolated (local cluster only).
 (cd "$here/../.." && CGO_ENABLED=0 go build -o "$out/.netcheck" ./e2e/localcluster/netcheck)
 "$imgpack" -tag kvcluster.io/netcheck:dev -out "$out/netcheck.tar" -file "$out/.netcheck=/netcheck" -entrypoint /netcheck -user 65532:65532
+# writer is the e2e suite's client that writes continuously during upgrades, scaling and healing.
+(cd "$here/../.." && CGO_ENABLED=0 go build -o "$out/.writer" ./e2e/writer)
+"$imgpack" -tag kvcluster.io/writer:dev -out "$out/writer.tar" -file "$out/.writer=/writer" -entrypoint /writer -user 65532:65532
 ls "$out"/*.tar

@@ -281,6 +281,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: version
       type:
         scalar: string
+    - name: volumeUID
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.PVCDestination
   map:
     fields:

@@ -12,10 +12,15 @@ import (
 // KVClusterSpec is the desired state of an etcd-backed key-value cluster.
 type KVClusterSpecApplyConfiguration struct {
 	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
-	// etcd 3.6 and later are supported.
+	// etcd 3.6 and later are supported. Changing it starts a rolling upgrade, one member at a time.
+	// Upgrades go one minor version at a time (3.6 to 3.7 from 3.6.11 on, as etcd requires);
+	// downgrades are refused, except going back to status.currentVersion while an upgrade has not
+	// finished (etcd's cluster version only moves once every member runs the new release).
 	Version *string `json:"version,omitempty"`
 	// Partitions is the number of etcd members (the StatefulSet's replicas). Odd numbers tolerate
-	// the most failures per member: 3 survive one failure, 5 survive two.
+	// the most failures per member: 3 survive one failure, 5 survive two. Changing it adds members
+	// one at a time (each joins as a learner and is promoted once caught up) or removes the highest
+	// ordinals one at a time (each leaves etcd before its pod goes; its volume is deleted).
 	Partitions *int32 `json:"partitions,omitempty"`
 	// BackupSchedule is a standard 5-field cron expression (minute hour day-of-month month
 	// day-of-week), e.g. "0 3 * * *", or one of @yearly, @monthly, @weekly, @daily, @hourly; in UTC

@@ -19,6 +19,10 @@ type MemberStatusApplyConfiguration struct {
 	Learner *bool `json:"learner,omitempty"`
 	// Healthy is true when the member answered a status request.
 	Healthy *bool `json:"healthy,omitempty"`
+	// VolumeUID is the UID of the PersistentVolumeClaim the member's data was last seen healthy on.
+	// A member whose pod comes back on a different (new, empty) claim has lost its data: the
+	// operator removes it from etcd and adds it back as a learner.
+	VolumeUID *string `json:"volumeUID,omitempty"`
 }
 
 // MemberStatusApplyConfiguration constructs a declarative configuration of the MemberStatus type for use with
@@ -72,5 +76,13 @@ func (b *MemberStatusApplyConfiguration) WithLearner(value bool) *MemberStatusAp
 // If called multiple times, the Healthy field is set to the value of the last call.
 func (b *MemberStatusApplyConfiguration) WithHealthy(value bool) *MemberStatusApplyConfiguration {
 	b.Healthy = &value
+	return b
+}
+
+// WithVolumeUID sets the VolumeUID field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the VolumeUID field is set to the value of the last call.
+func (b *MemberStatusApplyConfiguration) WithVolumeUID(value string) *MemberStatusApplyConfiguration {
+	b.VolumeUID = &value
 	return b
 }

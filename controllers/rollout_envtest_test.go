@@ -1,0 +1,469 @@
+package controllers
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// memberSim plays what envtest lacks for a rollout: the StatefulSet controller (pods on the
+// current revision, created for missing ordinals), the kubelet (pods ready) and etcd (a member
+// whose pod was recreated runs the version of the new template).
+type memberSim struct {
+	h   *harness
+	kvc *kvv1.KVCluster
+	// uids of the member pods the simulation created, by name.
+	uids map[string]types.UID
+}
+
+func (h *harness) simulate(kvc *kvv1.KVCluster) *memberSim {
+	return &memberSim{h: h, kvc: kvc, uids: map[string]types.UID{}}
+}
+
+// deleted lists the member pods the operator deleted since the last sync.
+func (s *memberSim) deleted() []string {
+	s.h.t.Helper()
+	var out []string
+	for name, uid := range s.uids {
+		var pod corev1.Pod
+		err := s.h.client.Get(context.Background(), client.ObjectKey{Namespace: s.kvc.Namespace, Name: name}, &pod)
+		if apierrors.IsNotFound(err) || (err == nil && (pod.UID != uid || pod.DeletionTimestamp != nil)) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// sync brings pods and the StatefulSet's status to the StatefulSet's spec, and etcd's members to
+// the versions of their pods.
+func (s *memberSim) sync() {
+	h, ctx := s.h, context.Background()
+	h.t.Helper()
+	var sts appsv1.StatefulSet
+	h.get(&sts, s.kvc.Namespace, s.kvc.Name)
+	rev := testRevision(&sts)
+	version := strings.TrimPrefix(sts.Spec.Template.Spec.Containers[0].Image[strings.LastIndex(sts.Spec.Template.Spec.Containers[0].Image, ":")+1:], "v")
+	replicas := int(*sts.Spec.Replicas)
+	for _, name := range s.deleted() {
+		delete(s.uids, name)
+		ord, _ := specs.OrdinalOfMember(s.kvc, name)
+		var claim corev1.PersistentVolumeClaim
+		if err := h.client.Get(ctx, client.ObjectKey{Namespace: s.kvc.Namespace, Name: specs.DataClaimName(s.kvc, ord)}, &claim); err == nil && claim.DeletionTimestamp != nil {
+			claim.Finalizers = nil // the pvc-protection controller lets it go once its pod is gone
+			if err := h.client.Update(ctx, &claim); err != nil {
+				h.t.Fatal(err)
+			}
+		}
+	}
+	for name, uid := range s.uids { // scaled away
+		if ord, _ := specs.OrdinalOfMember(s.kvc, name); ord >= replicas {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: name}}
+			if err := h.client.Delete(ctx, pod, client.Preconditions{UID: &uid}); err != nil {
+				h.t.Fatal(err)
+			}
+			delete(s.uids, name)
+		}
+	}
+	for ord := range replicas {
+		name := specs.MemberName(s.kvc, ord)
+		if _, ok := s.uids[name]; ok {
+			continue
+		}
+		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: specs.DataClaimName(s.kvc, ord), Labels: specs.Labels(s.kvc)},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: specs.StorageSize(s.kvc)}}}}
+		if err := h.client.Create(ctx, claim); err != nil && !apierrors.IsAlreadyExists(err) {
+			h.t.Fatalf("create claim: %v", err)
+		}
+		labels := specs.Labels(s.kvc)
+		labels[appsv1.StatefulSetRevisionLabel] = rev
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: name, Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "etcd", Image: "etcd"}}}}
+		if err := h.client.Create(ctx, pod); err != nil {
+			h.t.Fatalf("create pod %s: %v", name, err)
+		}
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", Ready: true}}
+		if err := h.client.Status().Update(ctx, pod); err != nil {
+			h.t.Fatal(err)
+		}
+		s.uids[name] = pod.UID
+		h.members.update(func(c *members.Cluster) {
+			for i := range c.Members {
+				if c.Members[i].Name == name {
+					c.Members[i].Version, c.Members[i].Healthy = version, true
+				}
+			}
+		})
+	}
+	sts.Status.Replicas = int32(replicas)
+	sts.Status.ReadyReplicas = int32(replicas)
+	sts.Status.ObservedGeneration = sts.Generation
+	sts.Status.UpdateRevision = rev
+	if err := h.client.Status().Update(ctx, &sts, client.FieldOwner("test-statefulset-controller")); err != nil {
+		h.t.Fatalf("update StatefulSet status: %v", err)
+	}
+}
+
+// down marks the members whose pods were deleted as not answering, as etcd would.
+func (s *memberSim) down(names []string) {
+	s.h.members.update(func(c *members.Cluster) {
+		for i := range c.Members {
+			if slices.Contains(names, c.Members[i].Name) {
+				c.Members[i].Healthy, c.Members[i].Leader, c.Members[i].Version = false, false, ""
+			}
+		}
+	})
+}
+
+func fakeEtcd(kvc *kvv1.KVCluster, n int, version string) members.Cluster {
+	c := members.Cluster{HasLeader: true}
+	for i := range n {
+		c.Members = append(c.Members, members.Member{ID: uint64(i + 1), Name: specs.MemberName(kvc, i), Healthy: true, Leader: i == 0,
+			Version: version, PeerURLs: []string{specs.MemberPeerURL(kvc, i)}, RaftIndex: 100, AppliedIndex: 100})
+	}
+	return c
+}
+
+// formedCluster creates a KVCluster on version and drives it to Ready with simulated members.
+func (h *harness) formedCluster(kvc *kvv1.KVCluster, version string) *memberSim {
+	h.t.Helper()
+	kvc.Spec.Version = version
+	h.create(kvc)
+	h.members.set(fakeEtcd(kvc, int(kvc.Spec.Partitions), version), nil)
+	sim := h.simulate(kvc)
+	h.reconcile(kvc)
+	sim.sync()
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseReady || got.Status.CurrentVersion != version {
+		h.t.Fatalf("phase %s on %q, want Ready on %s", got.Status.Phase, got.Status.CurrentVersion, version)
+	}
+	drainEvents(h)
+	return sim
+}
+
+func (h *harness) setSpec(kvc *kvv1.KVCluster, change func(*kvv1.KVCluster)) {
+	h.t.Helper()
+	k := h.fresh(kvc)
+	change(k)
+	if err := h.client.Update(context.Background(), k); err != nil {
+		h.t.Fatalf("update spec: %v", err)
+	}
+}
+
+// TestUpgradeRestartsOneMemberAtATimeLeaderLast drives a 3-member upgrade through a restarted
+// operator and checks the order of what it did: followers first, the leader last after handing
+// over leadership, never a second member down.
+func TestUpgradeRestartsOneMemberAtATimeLeaderLast(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("upgrade")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.6.16")
+
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Version = "3.7.3" })
+	var steps []string
+	for i := 0; i < 30 && h.fresh(kvc).Status.CurrentVersion != "3.7.3"; i++ {
+		if i == 4 { // the operator restarts mid-way: nothing but the cluster tells it where it was
+			h.r = &KVClusterReconciler{Client: h.client, Recorder: h.recorder, Members: h.members, Clock: h.clock, BackupImage: h.r.BackupImage}
+		}
+		h.reconcile(kvc)
+		for _, c := range h.members.takeCalls() {
+			steps = append(steps, c)
+		}
+		gone := sim.deleted()
+		if len(gone) > 1 {
+			t.Fatalf("more than one member down at once: %v", gone)
+		}
+		if len(gone) == 1 {
+			steps = append(steps, "restart "+gone[0])
+			sim.down(gone)
+			if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseUpgrading {
+				t.Errorf("phase while a member restarts = %s, want Upgrading", got.Status.Phase)
+			}
+			h.reconcile(kvc) // with a member down, nothing else may move
+			if more := sim.deleted(); len(more) != 1 || len(h.members.takeCalls()) != 0 {
+				t.Fatalf("the operator acted while %s was down: deleted %v", gone[0], more)
+			}
+		}
+		sim.sync()
+	}
+	// Leadership goes to the furthest-applied updated member; on a tie, the first listed.
+	want := []string{"restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("steps = %v, want %v", steps, want)
+	}
+	got := h.fresh(kvc)
+	if got.Status.Phase != kvv1.PhaseReady || got.Status.CurrentVersion != "3.7.3" {
+		t.Errorf("after the upgrade: phase %s, currentVersion %s; want Ready on 3.7.3", got.Status.Phase, got.Status.CurrentVersion)
+	}
+	events := drainEvents(h)
+	for _, want := range []string{"MemberRestarted", "LeaderMoved", "members on 3.7.3"} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %q: %s", want, events)
+		}
+	}
+	h.assertIdle(kvc, "after the upgrade")
+}
+
+// TestUpgradeWaitsForThePreUpgradeBackup: with backup storage configured, no member restarts
+// before a backup of this upgrade succeeded; a failed one holds the upgrade and says how to go on.
+func TestUpgradeWaitsForThePreUpgradeBackup(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("preupgrade")
+	kvc := withBackups(newKVCluster(ns, "kv", 3), "")
+	sim := h.formedCluster(kvc, "3.6.16")
+
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Version = "3.7.3" })
+	h.reconcile(kvc)
+	sim.sync()
+	h.reconcile(kvc)
+	jobs := h.backupJobs(kvc)
+	if len(jobs) != 1 || jobs[0].Name != "kv-preupgrade" || jobs[0].Annotations[specs.TargetVersionAnnotation] != "3.7.3" {
+		t.Fatalf("backup Jobs = %v, want kv-preupgrade for 3.7.3", names(jobs))
+	}
+	h.reconcile(kvc)
+	if gone := sim.deleted(); len(gone) != 0 {
+		t.Fatalf("members restarted before the backup finished: %v", gone)
+	}
+	h.finishJob(&jobs[0], false, "the bucket does not exist")
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	if gone := sim.deleted(); len(gone) != 0 {
+		t.Fatalf("members restarted although the backup failed: %v", gone)
+	}
+	if c := findCondition(got, kvv1.ConditionReconciling); c == nil || c.Reason != ReasonPreUpgradeBackup || !strings.Contains(c.Message, "delete the Job to retry") {
+		t.Errorf("Reconciling = %+v, want the failed pre-upgrade backup and what to do", c)
+	}
+
+	// Deleting the failed Job retries the backup.
+	if err := h.client.Delete(context.Background(), &jobs[0], client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	// (envtest has no garbage collector to delete the Job's pod)
+	if err := h.client.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-preupgrade-abcde"}}); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	jobs = h.backupJobs(kvc)
+	if len(jobs) != 1 {
+		t.Fatalf("backup Jobs after the retry = %v", names(jobs))
+	}
+	h.finishJob(&jobs[0], true, successReport("team/"+ns+"/kv/kv-preupgrade.db"))
+	h.reconcile(kvc)
+	if gone := sim.deleted(); !slices.Equal(gone, []string{"kv-2"}) {
+		t.Errorf("after the backup: restarted %v, want kv-2", gone)
+	}
+}
+
+// TestScalingAddsLearnersAndRemovesMembersFirst: 3 → 5 adds one learner at a time, promoted before
+// the next; 5 → 3 removes each member from etcd before its pod goes.
+func TestScalingAddsLearnersAndRemovesMembersFirst(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("scaling")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+
+	var cm corev1.ConfigMap
+	h.get(&cm, ns, "kv-members")
+	if cm.Data["initial-cluster-state"] != "existing" {
+		t.Errorf("a formed cluster's members must join as existing: %v", cm.Data)
+	}
+
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions = 5 })
+	var steps []string
+	replicasSeen := []int32{}
+	for i := 0; i < 20 && !(h.fresh(kvc).Status.Phase == kvv1.PhaseReady && h.fresh(kvc).Generation == h.fresh(kvc).Status.ObservedGeneration); i++ {
+		h.reconcile(kvc)
+		steps = append(steps, h.members.takeCalls()...)
+		var sts appsv1.StatefulSet
+		h.get(&sts, ns, "kv")
+		replicasSeen = append(replicasSeen, *sts.Spec.Replicas)
+		sim.sync()
+		// etcd names a learner once its pod started it.
+		h.members.update(func(c *members.Cluster) {
+			for i := range c.Members {
+				if ord, ok := specs.OrdinalOfPeerURL(kvc, c.Members[i].PeerURLs[0]); ok && c.Members[i].Name == "" && ord < int(*sts.Spec.Replicas) {
+					c.Members[i].Name, c.Members[i].Healthy, c.Members[i].Version = specs.MemberName(kvc, ord), true, "3.7.3"
+				}
+			}
+		})
+	}
+	want := []string{"add-learner " + specs.MemberPeerURL(kvc, 3), "promote kv-3", "add-learner " + specs.MemberPeerURL(kvc, 4), "promote kv-4"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("scale-up steps = %v, want %v", steps, want)
+	}
+	if slices.Max(replicasSeen) != 5 {
+		t.Errorf("StatefulSet replicas went %v, want up to 5", replicasSeen)
+	}
+	h.get(&cm, ns, "kv-members")
+	if strings.Count(cm.Data["initial-cluster"], "=") != 5 {
+		t.Errorf("membership after scale-up = %s", cm.Data["initial-cluster"])
+	}
+
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions = 3 })
+	h.members.update(func(c *members.Cluster) { // kv-4 leads: it must hand over first
+		for i := range c.Members {
+			c.Members[i].Leader = c.Members[i].Name == "kv-4"
+		}
+	})
+	steps = nil
+	for i := 0; i < 20 && len(h.fresh(kvc).Status.Members) != 3; i++ {
+		h.reconcile(kvc)
+		calls := h.members.takeCalls()
+		steps = append(steps, calls...)
+		for _, c := range calls {
+			if name, ok := strings.CutPrefix(c, "remove "); ok {
+				// The pod is still there when its member is removed; it goes after.
+				var pod corev1.Pod
+				h.get(&pod, ns, name)
+			}
+		}
+		h.reconcile(kvc)
+		sim.sync()
+	}
+	want = []string{"move-leader kv-0", "remove kv-4", "remove kv-3"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("scale-down steps = %v, want %v", steps, want)
+	}
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	if *sts.Spec.Replicas != 3 {
+		t.Errorf("replicas after scale-down = %d, want 3", *sts.Spec.Replicas)
+	}
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseReady {
+		t.Errorf("phase after scale-down = %s", got.Status.Phase)
+	}
+}
+
+func findCondition(kvc *kvv1.KVCluster, t string) *metav1.Condition {
+	for i := range kvc.Status.Conditions {
+		if kvc.Status.Conditions[i].Type == t {
+			return &kvc.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// TestAMemberThatLostItsDataIsReplaced: a member whose pod comes back on a new, empty claim is
+// removed from etcd, added back as a learner on a reset volume, and promoted.
+func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("lostdata")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+	var old corev1.PersistentVolumeClaim
+	h.get(&old, ns, "data-kv-1")
+	if v := recordedVolume(h.fresh(kvc), "kv-1"); v != old.UID {
+		t.Fatalf("recorded volume of kv-1 = %q, want its claim %q", v, old.UID)
+	}
+	h.reconcile(kvc)
+	if calls := h.members.takeCalls(); len(calls) != 0 {
+		t.Fatalf("a healthy cluster got membership changes: %v", calls)
+	}
+
+	// The claim is deleted and recreated empty; etcd on it crashes: the member does not answer.
+	h.deleteClaim(&old)
+	if err := h.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	sim.down([]string{"kv-1"})
+	sim.sync()
+	crashLoop := func() {
+		var pod corev1.Pod
+		h.get(&pod, ns, "kv-1")
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", RestartCount: 3}}
+		if err := h.client.Status().Update(ctx, &pod); err != nil {
+			t.Fatal(err)
+		}
+		sim.down([]string{"kv-1"})
+	}
+	crashLoop()
+	var claimAfterLoss corev1.PersistentVolumeClaim
+	h.get(&claimAfterLoss, ns, "data-kv-1")
+
+	var steps []string
+	for i := 0; i < 12 && !readyWithNewMember(h.fresh(kvc), "kv-1", "2"); i++ {
+		h.reconcile(kvc)
+		calls := h.members.takeCalls()
+		steps = append(steps, calls...)
+		if gone := sim.deleted(); len(gone) > 0 {
+			steps = append(steps, "reset "+strings.Join(gone, ","))
+		}
+		sim.sync()
+		if slices.Contains(calls, "add-learner "+specs.MemberPeerURL(kvc, 1)) {
+			crashLoop() // the old crash-looping pod, with its member's ID in its data, cannot join
+		}
+		h.members.update(func(c *members.Cluster) { // a learner on a fresh pod starts and answers
+			for i := range c.Members {
+				if c.Members[i].Name == "" && sim.uids["kv-1"] != "" {
+					var pod corev1.Pod
+					h.get(&pod, ns, "kv-1")
+					if len(pod.Status.ContainerStatuses) == 0 || pod.Status.ContainerStatuses[0].RestartCount == 0 {
+						c.Members[i].Name, c.Members[i].Healthy, c.Members[i].Version = "kv-1", true, "3.7.3"
+					}
+				}
+			}
+		})
+	}
+	want := []string{"remove kv-1", "add-learner " + specs.MemberPeerURL(kvc, 1), "reset kv-1", "promote kv-1"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("steps = %v, want %v", steps, want)
+	}
+	var claim corev1.PersistentVolumeClaim
+	h.get(&claim, ns, "data-kv-1")
+	if claim.UID == claimAfterLoss.UID {
+		t.Error("the claim the crashed member wrote to was not reset")
+	}
+	got := h.fresh(kvc)
+	if got.Status.Phase != kvv1.PhaseReady || recordedVolume(got, "kv-1") != claim.UID {
+		t.Errorf("after the replacement: phase %s, kv-1 on %q (claim %q)", got.Status.Phase, recordedVolume(got, "kv-1"), claim.UID)
+	}
+	events := drainEvents(h)
+	for _, want := range []string{"MemberRemoved", "MemberAdded", "MemberVolumeReset", "MemberPromoted"} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %s: %s", want, events)
+		}
+	}
+}
+
+// deleteClaim deletes a claim as the pvc-protection controller, which envtest lacks, would let it.
+func (h *harness) deleteClaim(claim *corev1.PersistentVolumeClaim) {
+	h.t.Helper()
+	ctx := context.Background()
+	if err := h.client.Delete(ctx, claim); err != nil {
+		h.t.Fatal(err)
+	}
+	var c corev1.PersistentVolumeClaim
+	if err := h.client.Get(ctx, client.ObjectKeyFromObject(claim), &c); err == nil && len(c.Finalizers) > 0 {
+		c.Finalizers = nil
+		if err := h.client.Update(ctx, &c); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+// readyWithNewMember: Ready, and the member name has an ID other than old (hex).
+func readyWithNewMember(k *kvv1.KVCluster, name, old string) bool {
+	for _, m := range k.Status.Members {
+		if m.Name == name {
+			return k.Status.Phase == kvv1.PhaseReady && m.ID != old && !m.Learner && m.Healthy
+		}
+	}
+	return false
+}

@@ -1,0 +1,132 @@
+package specs
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+// etcd's bootstrap settings of a member that starts without data. They live in a ConfigMap, not
+// in the pod template, because they change with the membership (a member joining a running
+// cluster must be given exactly its current member list) and a template change would mark every
+// pod as outdated. The kubelet resolves the values each time it starts the container.
+const (
+	keyInitialCluster      = "initial-cluster"
+	keyInitialClusterState = "initial-cluster-state"
+	envInitialCluster      = "ETCD_INITIAL_CLUSTER"
+	envInitialClusterState = "ETCD_INITIAL_CLUSTER_STATE"
+
+	ClusterStateNew      = "new"
+	ClusterStateExisting = "existing"
+)
+
+// Membership is what a member starting without data is told about the cluster.
+type Membership struct {
+	// State is "new" while the cluster is being formed, "existing" once it has been.
+	State string
+	// Ordinals are the members of the cluster, by StatefulSet ordinal.
+	Ordinals []int
+}
+
+// NewClusterMembership is the membership of a cluster being formed: all its partitions at once.
+func NewClusterMembership(kvc *kvv1.KVCluster) Membership {
+	m := Membership{State: ClusterStateNew}
+	for i := range int(kvc.Spec.Partitions) {
+		m.Ordinals = append(m.Ordinals, i)
+	}
+	return m
+}
+
+// MembershipConfigMapName is the ConfigMap holding a cluster's Membership.
+func MembershipConfigMapName(kvc *kvv1.KVCluster) string { return kvc.Name + "-members" }
+
+// MembershipConfigMap holds etcd's --initial-cluster and --initial-cluster-state for members
+// starting without data. Members with data ignore both.
+func MembershipConfigMap(kvc *kvv1.KVCluster, m Membership) *corev1ac.ConfigMapApplyConfiguration {
+	return corev1ac.ConfigMap(MembershipConfigMapName(kvc), kvc.Namespace).
+		WithLabels(Labels(kvc)).
+		WithOwnerReferences(OwnerReference(kvc)).
+		WithData(map[string]string{
+			keyInitialCluster:      initialCluster(kvc, m.Ordinals),
+			keyInitialClusterState: m.State,
+		})
+}
+
+// ParseMembership reads a Membership back from the ConfigMap's data.
+func ParseMembership(kvc *kvv1.KVCluster, data map[string]string) (Membership, bool) {
+	m := Membership{State: data[keyInitialClusterState]}
+	if m.State != ClusterStateNew && m.State != ClusterStateExisting {
+		return Membership{}, false
+	}
+	for _, part := range strings.Split(data[keyInitialCluster], ",") {
+		_, url, _ := strings.Cut(part, "=")
+		ord, ok := OrdinalOfPeerURL(kvc, url)
+		if !ok {
+			return Membership{}, false
+		}
+		m.Ordinals = append(m.Ordinals, ord)
+	}
+	return m, true
+}
+
+// InitialCluster is etcd's --initial-cluster value for the members of a new cluster.
+func InitialCluster(kvc *kvv1.KVCluster) string {
+	return initialCluster(kvc, NewClusterMembership(kvc).Ordinals)
+}
+
+func initialCluster(kvc *kvv1.KVCluster, ordinals []int) string {
+	parts := make([]string, 0, len(ordinals))
+	for _, i := range ordinals {
+		parts = append(parts, MemberName(kvc, i)+"="+MemberPeerURL(kvc, i))
+	}
+	return strings.Join(parts, ",")
+}
+
+// MemberPeerURL is the peer URL the member with the given ordinal advertises.
+func MemberPeerURL(kvc *kvv1.KVCluster, ordinal int) string {
+	return fmt.Sprintf("http://%s:%d", memberHost(kvc, MemberName(kvc, ordinal)), PeerPort)
+}
+
+// OrdinalOfPeerURL finds which member a peer URL belongs to; etcd knows an added member that has
+// not started yet only by its peer URL.
+func OrdinalOfPeerURL(kvc *kvv1.KVCluster, url string) (int, bool) {
+	rest, ok := strings.CutPrefix(url, "http://"+kvc.Name+"-")
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, false
+	}
+	ord, err := strconv.Atoi(digits)
+	if err != nil || ord < 0 || MemberPeerURL(kvc, ord) != url || strconv.Itoa(ord) != digits {
+		return 0, false
+	}
+	return ord, true
+}
+
+// OrdinalOfMember is the ordinal of a member name (the pod's name).
+func OrdinalOfMember(kvc *kvv1.KVCluster, name string) (int, bool) {
+	digits, ok := strings.CutPrefix(name, kvc.Name+"-")
+	if !ok {
+		return 0, false
+	}
+	ord, err := strconv.Atoi(digits)
+	if err != nil || ord < 0 || strconv.Itoa(ord) != digits {
+		return 0, false
+	}
+	return ord, true
+}
+
+// membershipEnv maps the Membership ConfigMap into etcd's environment variables.
+func membershipEnv(kvc *kvv1.KVCluster) []*corev1ac.EnvVarApplyConfiguration {
+	ref := func(name, key string) *corev1ac.EnvVarApplyConfiguration {
+		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
+			WithConfigMapKeyRef(corev1ac.ConfigMapKeySelector().WithName(MembershipConfigMapName(kvc)).WithKey(key)))
+	}
+	return []*corev1ac.EnvVarApplyConfiguration{ref(envInitialCluster, keyInitialCluster), ref(envInitialClusterState, keyInitialClusterState)}
+}

@@ -1,0 +1,311 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+	"sigs.k8s.io/e2e-framework/pkg/features"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+// writerReport is what the writer pod (e2e/writer) serves.
+type writerReport struct {
+	Acknowledged             int      `json:"acknowledged"`
+	Failed                   int      `json:"failed"`
+	LongestUnavailableMillis int64    `json:"longestUnavailableMillis"`
+	LastError                string   `json:"lastError"`
+	Checked                  bool     `json:"checked"`
+	Missing                  []string `json:"missing"`
+	Present                  int      `json:"present"`
+}
+
+// startWriter runs the continuous writer against the cluster's client Service.
+func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "writer", Namespace: kvc.Namespace},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: "writer", Image: writerImage, ImagePullPolicy: corev1.PullIfNotPresent,
+				Args:  []string{"--endpoints=" + fmt.Sprintf("http://%s-client.%s.svc:2379", kvc.Name, kvc.Namespace)},
+				Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
+			}},
+		},
+	}
+	if err := cfg.Client().Resources().Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.For(conditions.New(cfg.Client().Resources()).PodReady(pod), wait.WithTimeout(2*time.Minute), wait.WithInterval(time.Second))
+	if err != nil {
+		t.Fatalf("writer pod not ready: %v", err)
+	}
+	if err := wait.For(func(ctx context.Context) (bool, error) {
+		return writerAsk(ctx, t, cfg, kvc, "report").Acknowledged > 0, nil
+	}, wait.WithTimeout(time.Minute), wait.WithInterval(time.Second)); err != nil {
+		t.Fatalf("the writer never wrote: %+v", writerAsk(ctx, t, cfg, kvc, "report"))
+	}
+}
+
+// writerAsk reads the writer's report through the API server's pod proxy (works on kind too).
+func writerAsk(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, what string) writerReport {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg.Client().RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.CoreV1().Pods(kvc.Namespace).ProxyGet("http", "writer", "8080", "/"+what, nil).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("ask the writer for /%s: %v: %s", what, err, raw)
+	}
+	var rep writerReport
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("writer report %q: %v", raw, err)
+	}
+	return rep
+}
+
+// memberPods maps each member pod's name to its UID and readiness.
+func memberPods(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) map[string]*corev1.Pod {
+	t.Helper()
+	var pods corev1.PodList
+	if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &pods, func(o *metav1.ListOptions) {
+		o.LabelSelector = "app.kubernetes.io/instance=" + kvc.Name
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*corev1.Pod{}
+	for i := range pods.Items {
+		out[pods.Items[i].Name] = &pods.Items[i]
+	}
+	return out
+}
+
+func votingMembers(k *kvv1.KVCluster) (voting, learners int, leader string) {
+	for _, m := range k.Status.Members {
+		if m.Learner {
+			learners++
+			continue
+		}
+		voting++
+		if m.Leader {
+			leader = m.Name
+		}
+	}
+	return voting, learners, leader
+}
+
+// readyWith is true when the cluster is Ready for its current generation with n healthy voting members.
+func readyWith(k *kvv1.KVCluster, n int) bool {
+	voting, learners, _ := votingMembers(k)
+	return k.Status.ObservedGeneration == k.Generation && meta.IsStatusConditionTrue(k.Status.Conditions, kvv1.ConditionReady) &&
+		voting == n && learners == 0
+}
+
+func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
+	var kvc *kvv1.KVCluster
+	f := features.New("a cluster under continuous writes is upgraded, scaled and healed without losing a write").
+		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			ns := envconf.RandomName("kvc-roll", 16)
+			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "roll", Namespace: ns},
+				Spec: kvv1.KVClusterSpec{Version: "3.6.16", Partitions: 3}}
+			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
+				t.Fatal(err)
+			}
+			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+			startWriter(ctx, t, cfg, kvc)
+			return ctx
+		}).
+		Assess("upgrade 3.6.16 → 3.7.3: one member down at most, the leader's pod last", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			before := get(ctx, t, cfg, kvc)
+			_, _, leader := votingMembers(before)
+			uids := map[string]types.UID{}
+			for name, p := range memberPods(ctx, t, cfg, kvc) {
+				uids[name] = p.UID
+			}
+			before.Spec.Version = "3.7.3"
+			if err := cfg.Client().Resources().Update(ctx, before); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			var replaced []string
+			maxDown, phases := 0, []kvv1.Phase{}
+			err := wait.For(func(ctx context.Context) (bool, error) {
+				down := 0
+				pods := memberPods(ctx, t, cfg, kvc)
+				for _, name := range []string{"roll-0", "roll-1", "roll-2"} {
+					p, ok := pods[name]
+					if !ok || p.DeletionTimestamp != nil || !isPodReady(p) {
+						down++
+					}
+					if ok && p.UID != uids[name] && !slices.Contains(replaced, name) {
+						replaced = append(replaced, name)
+					}
+				}
+				maxDown = max(maxDown, down)
+				k := get(ctx, t, cfg, kvc)
+				if len(phases) == 0 || phases[len(phases)-1] != k.Status.Phase {
+					phases = append(phases, k.Status.Phase)
+				}
+				return k.Status.CurrentVersion == "3.7.3" && readyWith(k, 3), nil
+			}, wait.WithTimeout(8*time.Minute), wait.WithInterval(300*time.Millisecond))
+			after := get(ctx, t, cfg, kvc)
+			if err != nil {
+				t.Fatalf("upgrade did not finish: %v; status %+v", err, after.Status)
+			}
+			rep := writerAsk(ctx, t, cfg, kvc, "report")
+			t.Logf("upgrade took %s; pods replaced in order %v (leader before: %s); phases %v; at most %d member(s) down; writer: %d acknowledged, %d failed, longest unavailability %d ms (%s)",
+				time.Since(start).Round(time.Second), replaced, leader, phases, maxDown, rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis, rep.LastError)
+			if maxDown > 1 {
+				t.Errorf("%d members were down at once during the upgrade", maxDown)
+			}
+			if len(replaced) != 3 || replaced[2] != leader {
+				t.Errorf("pods replaced in order %v; want all three, the leader (%s) last", replaced, leader)
+			}
+			if !slices.Contains(phases, kvv1.PhaseUpgrading) {
+				t.Errorf("phases seen %v, want Upgrading", phases)
+			}
+			for _, m := range after.Status.Members {
+				if m.Version != "3.7.3" {
+					t.Errorf("member %s reports %s", m.Name, m.Version)
+				}
+			}
+			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster", "-o", "custom-columns=REASON:.reason,MESSAGE:.note")
+			if !strings.Contains(events, "LeaderMoved") {
+				t.Errorf("no LeaderMoved event:\n%s", events)
+			}
+			return ctx
+		}).
+		Assess("scale 3 → 5 → 3: learners join one at a time, members leave before their pods", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			for _, n := range []int{5, 3} {
+				k := get(ctx, t, cfg, kvc)
+				k.Spec.Partitions = int32(n)
+				if err := cfg.Client().Resources().Update(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				sizes, violations := []string{}, []string{}
+				err := wait.For(func(ctx context.Context) (bool, error) {
+					k := get(ctx, t, cfg, kvc)
+					voting, learners, leader := votingMembers(k)
+					size := fmt.Sprintf("%d+%dL", voting, learners)
+					if len(sizes) == 0 || sizes[len(sizes)-1] != size {
+						sizes = append(sizes, size)
+					}
+					if voting < 3 || learners > 1 || leader == "" {
+						violations = append(violations, fmt.Sprintf("%s (leader %q)", size, leader))
+					}
+					return readyWith(k, n), nil
+				}, wait.WithTimeout(6*time.Minute), wait.WithInterval(300*time.Millisecond))
+				if err != nil {
+					t.Fatalf("scaling to %d did not finish: %v; status %+v", n, err, get(ctx, t, cfg, kvc).Status)
+				}
+				if len(violations) > 0 {
+					t.Errorf("while scaling to %d, etcd had fewer than 3 voting members, more than one learner, or no leader: %v", n, slices.Compact(violations))
+				}
+				rep := writerAsk(ctx, t, cfg, kvc, "report")
+				t.Logf("scaled to %d in %s; voting+learners went %v; writer: %d acknowledged, %d failed, longest unavailability %d ms",
+					n, time.Since(start).Round(time.Second), sizes, rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis)
+				// Removed members' pods go after they left etcd.
+				if err := wait.For(func(ctx context.Context) (bool, error) {
+					return len(memberPods(ctx, t, cfg, kvc)) == n, nil
+				}, wait.WithTimeout(2*time.Minute), wait.WithInterval(time.Second)); err != nil {
+					t.Errorf("%d member pods after scaling to %d", len(memberPods(ctx, t, cfg, kvc)), n)
+				}
+			}
+			// The scaled-away members' volumes are deleted (a re-added member must start empty).
+			err := wait.For(func(ctx context.Context) (bool, error) {
+				for _, name := range []string{"data-roll-3", "data-roll-4"} {
+					err := cfg.Client().Resources().Get(ctx, name, kvc.Namespace, &corev1.PersistentVolumeClaim{})
+					if !apierrors.IsNotFound(err) {
+						return false, nil
+					}
+				}
+				return true, nil
+			}, wait.WithTimeout(time.Minute), wait.WithInterval(time.Second))
+			if err != nil {
+				t.Errorf("the volumes of removed members remain: %v", err)
+			}
+			return ctx
+		}).
+		Assess("a member whose pod and volume are deleted comes back as a new member", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			before := get(ctx, t, cfg, kvc)
+			oldID := ""
+			for _, m := range before.Status.Members {
+				if m.Name == "roll-1" {
+					oldID = m.ID
+				}
+			}
+			pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "data-roll-1", Namespace: kvc.Namespace}}
+			if err := cfg.Client().Resources().Delete(ctx, pvc); err != nil {
+				t.Fatal(err)
+			}
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "roll-1", Namespace: kvc.Namespace}}
+			if err := cfg.Client().Resources().Delete(ctx, pod); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			err := wait.For(func(ctx context.Context) (bool, error) {
+				k := get(ctx, t, cfg, kvc)
+				for _, m := range k.Status.Members {
+					if m.Name == "roll-1" && m.ID != oldID && !m.Learner && m.Healthy {
+						return readyWith(k, 3), nil
+					}
+				}
+				return false, nil
+			}, wait.WithTimeout(6*time.Minute), wait.WithInterval(time.Second))
+			if err != nil {
+				events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--sort-by=.lastTimestamp")
+				t.Fatalf("the member did not come back: %v; status %+v\nevents:\n%s", err, get(ctx, t, cfg, kvc).Status, events)
+			}
+			rep := writerAsk(ctx, t, cfg, kvc, "report")
+			t.Logf("healed in %s (member roll-1 was %s, now %s); writer: %d acknowledged, %d failed, longest unavailability %d ms",
+				time.Since(start).Round(time.Second), oldID, memberID(get(ctx, t, cfg, kvc), "roll-1"), rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis)
+			return ctx
+		}).
+		Assess("every acknowledged write is still there", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			rep := writerAsk(ctx, t, cfg, kvc, "stop")
+			t.Logf("writer final: %d acknowledged, %d failed, %d keys present, longest unavailability %d ms, last error %q",
+				rep.Acknowledged, rep.Failed, rep.Present, rep.LongestUnavailableMillis, rep.LastError)
+			if !rep.Checked || len(rep.Missing) > 0 {
+				t.Errorf("acknowledged writes missing: %d (%v)", len(rep.Missing), rep.Missing[:min(len(rep.Missing), 10)])
+			}
+			if rep.Acknowledged < 100 {
+				t.Errorf("only %d writes acknowledged: the writer did not really write", rep.Acknowledged)
+			}
+			return ctx
+		}).
+		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
+
+func memberID(k *kvv1.KVCluster, name string) string {
+	for _, m := range k.Status.Members {
+		if m.Name == name {
+			return m.ID
+		}
+	}
+	return ""
+}

@@ -1,0 +1,141 @@
+// Command writer is the e2e suite's client: it runs in a pod next to a KVCluster and writes one
+// key after another through the cluster's client Service while the operator upgrades, scales or
+// heals the cluster. It serves what it saw on :8080 (read through the API server's pod proxy):
+//
+//	/report  writes acknowledged and failed so far, and the longest time without a successful write
+//	/stop    stops writing, then checks that every acknowledged key is present and says which are not
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Report is what /report and /stop answer.
+type Report struct {
+	Acknowledged int `json:"acknowledged"`
+	Failed       int `json:"failed"`
+	// LongestUnavailableMillis is the longest time between two successful writes (or from the last
+	// success to now), i.e. the longest the cluster was unavailable to this client.
+	LongestUnavailableMillis int64    `json:"longestUnavailableMillis"`
+	LastError                string   `json:"lastError,omitempty"`
+	Checked                  bool     `json:"checked"`
+	Missing                  []string `json:"missing,omitempty"`
+	Present                  int      `json:"present"`
+}
+
+type writer struct {
+	cli    *clientv3.Client
+	prefix string
+
+	mu          sync.Mutex
+	acked       []string
+	failed      int
+	lastSuccess time.Time
+	longest     time.Duration
+	lastErr     string
+	stopped     bool
+}
+
+func (w *writer) run(ctx context.Context, interval time.Duration) {
+	for i := 0; ; i++ {
+		w.mu.Lock()
+		stopped := w.stopped
+		w.mu.Unlock()
+		if stopped || ctx.Err() != nil {
+			return
+		}
+		key := fmt.Sprintf("%s%08d", w.prefix, i)
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := w.cli.Put(cctx, key, time.Now().UTC().Format(time.RFC3339Nano))
+		cancel()
+		now := time.Now()
+		w.mu.Lock()
+		if err != nil {
+			w.failed++
+			w.lastErr = err.Error()
+		} else {
+			w.acked = append(w.acked, key)
+			if !w.lastSuccess.IsZero() { // measured from the first success: connecting is not an outage
+				w.longest = max(w.longest, now.Sub(w.lastSuccess))
+			}
+			w.lastSuccess = now
+		}
+		w.mu.Unlock()
+		time.Sleep(interval)
+	}
+}
+
+func (w *writer) report() Report {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	longest := w.longest
+	if !w.stopped && !w.lastSuccess.IsZero() {
+		longest = max(longest, time.Since(w.lastSuccess))
+	}
+	return Report{Acknowledged: len(w.acked), Failed: w.failed, LongestUnavailableMillis: longest.Milliseconds(), LastError: w.lastErr}
+}
+
+// check reads every key under the prefix (linearizably) and lists the acknowledged ones missing.
+func (w *writer) check(ctx context.Context) (Report, error) {
+	w.mu.Lock()
+	w.stopped = true
+	acked := append([]string(nil), w.acked...)
+	w.mu.Unlock()
+	rep := w.report()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := w.cli.Get(ctx, w.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return rep, err
+	}
+	present := map[string]bool{}
+	for _, kv := range resp.Kvs {
+		present[string(kv.Key)] = true
+	}
+	for _, k := range acked {
+		if !present[k] {
+			rep.Missing = append(rep.Missing, k)
+		}
+	}
+	rep.Checked, rep.Present = true, len(present)
+	return rep, nil
+}
+
+func main() {
+	endpoints := flag.String("endpoints", "", "comma-separated etcd client URLs")
+	prefix := flag.String("prefix", "e2e/writer/", "key prefix")
+	interval := flag.Duration("interval", 20*time.Millisecond, "pause between writes")
+	flag.Parse()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(*endpoints, ","), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w := &writer{cli: cli, prefix: *prefix}
+	go w.run(context.Background(), *interval)
+
+	reply := func(rw http.ResponseWriter, rep Report, err error) {
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(rep)
+	}
+	http.HandleFunc("/report", func(rw http.ResponseWriter, _ *http.Request) { reply(rw, w.report(), nil) })
+	http.HandleFunc("/stop", func(rw http.ResponseWriter, r *http.Request) {
+		rep, err := w.check(r.Context())
+		reply(rw, rep, err)
+	})
+	log.Fatal(http.ListenAndServe(":8080", nil))
+}
