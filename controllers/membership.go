@@ -144,13 +144,13 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 
 	case actMoveLeader:
 		if err := r.Members.MoveLeader(ctx, specs.MemberClientURL(kvc, ro.ordinal), ro.to); err != nil {
-			return r.etcdRefused(kvc, ro, err)
+			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 		eventReason = "LeaderMoved"
 
 	case actAddLearner:
 		if _, err := r.Members.AddLearner(ctx, clientURLs(kvc, obs), specs.MemberPeerURL(kvc, ro.ordinal)); err != nil {
-			return r.etcdRefused(kvc, ro, err)
+			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 		eventReason = "MemberAdded"
 
@@ -160,7 +160,7 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 			return false, nil // etcd says it is still behind; look again soon
 		}
 		if err != nil {
-			return r.etcdRefused(kvc, ro, err)
+			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 		eventReason = "MemberPromoted"
 
@@ -173,7 +173,7 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 			}
 		}
 		if err := r.Members.Remove(ctx, others, ro.memberID); err != nil {
-			return r.etcdRefused(kvc, ro, err)
+			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 		eventReason = "MemberRemoved"
 
@@ -203,8 +203,13 @@ func (r *KVClusterReconciler) deletePod(ctx context.Context, kvc *kvv1.KVCluster
 }
 
 // etcdRefused reports a membership request etcd refused as a warning; the next reconcile decides
-// again from what etcd then reports, so it is not retried blindly.
-func (r *KVClusterReconciler) etcdRefused(kvc *kvv1.KVCluster, ro rollout, err error) (bool, error) {
+// again from what etcd then reports, so it is not retried blindly. etcd's refusal right after a
+// member restarted is expected, and only logged.
+func (r *KVClusterReconciler) etcdRefused(ctx context.Context, kvc *kvv1.KVCluster, ro rollout, err error) (bool, error) {
+	if errors.Is(err, members.ErrNotNow) {
+		log.FromContext(ctx).Info("etcd refused a membership change for now; trying again", "step", ro.message, "error", err.Error())
+		return false, nil
+	}
 	r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, "MembershipChangeFailed", ro.reason, "%s: etcd refused: %v", ro.message, err)
 	return false, nil
 }

@@ -98,7 +98,23 @@ var (
 	ErrNoQuorum = errors.New("etcd did not answer a linearizable request (no quorum or no member reachable)")
 	// ErrLearnerNotReady means a learner is not yet in sync with the leader; promote it later.
 	ErrLearnerNotReady = errors.New("the learner is not yet in sync with the leader")
+	// ErrNotNow means etcd refused a membership change for now: a member was restarted moments ago
+	// (etcd's strict reconfiguration check wants every voting member connected for a while).
+	ErrNotNow = errors.New("etcd refuses membership changes until every member has been connected for a while")
 )
+
+// classify turns etcd's transient refusals into the sentinel errors above.
+func classify(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case strings.Contains(err.Error(), rpctypes.ErrMemberLearnerNotReady.Error()):
+		return fmt.Errorf("%w: %v", ErrLearnerNotReady, err)
+	case strings.Contains(err.Error(), rpctypes.ErrUnhealthy.Error()):
+		return fmt.Errorf("%w: %v", ErrNotNow, err)
+	}
+	return err
+}
 
 // memberStatusTimeout bounds the status request to one member.
 const memberStatusTimeout = 2 * time.Second
@@ -207,23 +223,19 @@ func (e EtcdClient) AddLearner(ctx context.Context, endpoints []string, peerURL 
 		}
 		return err
 	})
-	return id, err
+	return id, classify(err)
 }
 
 func (e EtcdClient) Promote(ctx context.Context, endpoints []string, id uint64) error {
-	err := e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+	return classify(e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
 		_, err := cli.MemberPromote(ctx, id)
 		return err
-	})
-	if err != nil && strings.Contains(err.Error(), rpctypes.ErrMemberLearnerNotReady.Error()) {
-		return fmt.Errorf("%w: %v", ErrLearnerNotReady, err)
-	}
-	return err
+	}))
 }
 
 func (e EtcdClient) Remove(ctx context.Context, endpoints []string, id uint64) error {
-	return e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+	return classify(e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
 		_, err := cli.MemberRemove(ctx, id)
 		return err
-	})
+	}))
 }
