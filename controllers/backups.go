@@ -186,10 +186,11 @@ func planBackup(kvc *kvv1.KVCluster, running bool, now time.Time) backupPlan {
 // reconcileBackups records finished backups, starts the due one and prunes Job history. It
 // changes st (the status about to be applied) and returns when to look again.
 func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KVCluster, st *kvv1.KVClusterStatus, now time.Time) (time.Duration, error) {
-	if kvc.Spec.Backup == nil || kvc.Spec.BackupSchedule == "" {
+	if kvc.Spec.Backup == nil {
 		st.NextBackupTime = nil
 		return 0, nil
 	}
+	// Every finished backup is recorded, scheduled or not (the one taken before an upgrade).
 	jobs, err := r.listBackupJobs(ctx, kvc)
 	if err != nil {
 		return 0, err
@@ -201,6 +202,10 @@ func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KV
 	}
 	if rec, isNew := recordFinishedBackups(st, jobs, kvc.Generation); isNew {
 		r.announceBackup(kvc, rec)
+	}
+	if kvc.Spec.BackupSchedule == "" {
+		st.NextBackupTime = nil
+		return 0, nil
 	}
 	running := slices.ContainsFunc(jobs, func(bj backupJob) bool { return !bj.done })
 	plan := planBackup(kvc, running, now)

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -266,6 +267,11 @@ func TestUpgradeWaitsForThePreUpgradeBackup(t *testing.T) {
 	if gone := sim.deleted(); !slices.Equal(gone, []string{"kv-2"}) {
 		t.Errorf("after the backup: restarted %v, want kv-2", gone)
 	}
+	// The pre-upgrade backup is recorded like any other, although no schedule is set.
+	got = h.fresh(kvc)
+	if lb := got.Status.LastBackup; lb == nil || lb.Job != "kv-preupgrade" || !lb.Succeeded || got.Status.LastBackupTime == nil {
+		t.Errorf("lastBackup = %+v, lastBackupTime = %v; want the pre-upgrade backup", got.Status.LastBackup, got.Status.LastBackupTime)
+	}
 }
 
 // TestScalingAddsLearnersAndRemovesMembersFirst: 3 → 5 adds one learner at a time, promoted before
@@ -466,4 +472,57 @@ func readyWithNewMember(k *kvv1.KVCluster, name, old string) bool {
 		}
 	}
 	return false
+}
+
+// TestAStalledUpgradeFailsAndGoingBackRecovers: a restarted member that never comes back stalls
+// the upgrade; past the deadline the cluster is Failed with what to do, and setting the version
+// back to status.currentVersion rolls the upgraded member back.
+func TestAStalledUpgradeFailsAndGoingBackRecovers(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("stalled")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.6.16")
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Version = "3.7.3" })
+	h.reconcile(kvc)
+	sim.sync()
+	h.reconcile(kvc)
+	if gone := sim.deleted(); !slices.Equal(gone, []string{"kv-2"}) {
+		t.Fatalf("restarted %v, want kv-2", gone)
+	}
+	sim.sync()
+	sim.down([]string{"kv-2"}) // the new version crashes on this member
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseUpgrading {
+		t.Fatalf("phase = %s, want Upgrading while waiting", got.Status.Phase)
+	}
+
+	h.clock.SetTime(h.clock.Now().Add(11 * time.Minute))
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	stalled := findCondition(got, kvv1.ConditionStalled)
+	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != ReasonRolloutStalled ||
+		!strings.Contains(stalled.Message, "set spec.version back to 3.6.16") || !strings.Contains(stalled.Message, "kv-2") {
+		t.Fatalf("phase %s, Stalled %+v; want Failed saying kv-2 is stuck and how to go back", got.Status.Phase, stalled)
+	}
+	if s := kstatusOf(t, got); s != "Failed" {
+		t.Errorf("kstatus = %s, want Failed", s)
+	}
+	h.reconcile(kvc)
+	if gone := sim.deleted(); len(gone) != 0 {
+		t.Fatalf("a Failed rollout went on restarting members: %v", gone)
+	}
+
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Version = "3.6.16" }) // admitted: it is status.currentVersion
+	h.reconcile(kvc)
+	sim.sync()
+	h.reconcile(kvc)
+	if gone := sim.deleted(); !slices.Equal(gone, []string{"kv-2"}) {
+		t.Fatalf("going back restarted %v, want the upgraded kv-2 only", gone)
+	}
+	sim.sync()
+	h.reconcile(kvc)
+	got = h.fresh(kvc)
+	if got.Status.Phase != kvv1.PhaseReady || got.Status.CurrentVersion != "3.6.16" {
+		t.Errorf("after going back: phase %s on %s, want Ready on 3.6.16", got.Status.Phase, got.Status.CurrentVersion)
+	}
 }

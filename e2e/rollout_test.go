@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -81,12 +83,13 @@ func writerAsk(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1
 	return rep
 }
 
-// memberPods maps each member pod's name to its UID and readiness.
+// memberPods maps each member pod's name to the pod (backup Jobs' pods, which share the cluster's
+// labels, are not members).
 func memberPods(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) map[string]*corev1.Pod {
 	t.Helper()
 	var pods corev1.PodList
 	if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &pods, func(o *metav1.ListOptions) {
-		o.LabelSelector = "app.kubernetes.io/instance=" + kvc.Name
+		o.LabelSelector = "app.kubernetes.io/instance=" + kvc.Name + "," + appsv1.StatefulSetRevisionLabel
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +129,20 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 				t.Fatal(err)
 			}
+			// Backups go to a claim, so the upgrade takes its pre-upgrade backup through a real Job.
+			claim := &corev1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: "backups", Namespace: ns},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}},
+				},
+			}
+			if err := cfg.Client().Resources().Create(ctx, claim); err != nil {
+				t.Fatal(err)
+			}
 			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "roll", Namespace: ns},
-				Spec: kvv1.KVClusterSpec{Version: "3.6.16", Partitions: 3}}
+				Spec: kvv1.KVClusterSpec{Version: "3.6.16", Partitions: 3,
+					Backup: &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backups"}, FinalBackup: kvv1.FinalBackupSkip}}}
 			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
 				t.Fatal(err)
 			}
@@ -188,6 +203,12 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 				if m.Version != "3.7.3" {
 					t.Errorf("member %s reports %s", m.Name, m.Version)
 				}
+			}
+			// The backup taken before any member restarted, on 3.6.16.
+			if lb := after.Status.LastBackup; lb == nil || lb.Job != "roll-preupgrade" || !lb.Succeeded || !strings.HasPrefix(lb.EtcdVersion, "3.6.") {
+				t.Errorf("lastBackup = %+v, want the pre-upgrade backup, of 3.6 data", lb)
+			} else {
+				t.Logf("pre-upgrade backup: %s, %d bytes, revision %d", lb.Location, lb.Size, lb.Revision)
 			}
 			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster", "-o", "custom-columns=REASON:.reason,MESSAGE:.note")
 			if !strings.Contains(events, "LeaderMoved") {
