@@ -71,7 +71,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, err
 	}
 	membership, replicas := desiredMembership(&kvc, obs)
-	if err := r.applyChildren(ctx, &kvc, membership, replicas); err != nil {
+	if err := r.applyChildren(ctx, &kvc, membership, replicas, disruptionBase(&kvc, obs)); err != nil {
 		return ctrl.Result{}, err
 	}
 	obs.rollout = planRollout(&kvc, obs)
@@ -109,7 +109,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 
 // applyChildren applies every object the cluster owns. The membership ConfigMap goes before the
 // StatefulSet, whose pods read it when they start.
-func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, membership specs.Membership, replicas int32) error {
+func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, membership specs.Membership, replicas, voting int32) error {
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: kvc.Namespace, Name: name} }
 	if err := applyOwned(ctx, r.Client, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc), corev1ac.ExtractService); err != nil {
 		return err
@@ -117,7 +117,8 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	if err := applyOwned(ctx, r.Client, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc), corev1ac.ExtractService); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc), policyv1ac.ExtractPodDisruptionBudget); err != nil {
+	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, voting),
+		policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return err
 	}
 	if err := applyOwned(ctx, r.Client, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},

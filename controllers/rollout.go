@@ -151,6 +151,25 @@ func desiredMembership(kvc *kvv1.KVCluster, obs observation) (specs.Membership, 
 	return m, int32(m.Ordinals[len(m.Ordinals)-1] + 1)
 }
 
+// disruptionBase is the member count the PodDisruptionBudget protects: the voting members etcd
+// has (the last known count while it cannot be asked), never more than the spec's.
+func disruptionBase(kvc *kvv1.KVCluster, obs observation) int32 {
+	voting := 0
+	if obs.cluster != nil {
+		voting = obs.cluster.Voting()
+	} else {
+		for _, m := range kvc.Status.Members {
+			if !m.Learner {
+				voting++
+			}
+		}
+	}
+	if voting == 0 {
+		return kvc.Spec.Partitions
+	}
+	return min(int32(voting), kvc.Spec.Partitions)
+}
+
 // planRollout decides the next step for a formed cluster, in this order: finish a joining
 // learner; take out a member that lost its data; add missing members; remove surplus members;
 // restart outdated members (unhealthy ones first, then followers, the leader last after handing

@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -289,7 +290,14 @@ func TestScalingAddsLearnersAndRemovesMembersFirst(t *testing.T) {
 	}
 
 	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions = 5 })
-	var steps []string
+	h.reconcile(kvc) // adds kv-3 as a learner
+	h.reconcile(kvc)
+	var pdb policyv1.PodDisruptionBudget
+	h.get(&pdb, ns, "kv")
+	if pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PDB maxUnavailable while 3 members vote = %s, want 1 (5 are wanted, but a drain of 2 would lose the quorum)", pdb.Spec.MaxUnavailable)
+	}
+	steps := h.members.takeCalls()
 	replicasSeen := []int32{}
 	for i := 0; i < 20 && !(h.fresh(kvc).Status.Phase == kvv1.PhaseReady && h.fresh(kvc).Generation == h.fresh(kvc).Status.ObservedGeneration); i++ {
 		h.reconcile(kvc)

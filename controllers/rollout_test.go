@@ -218,3 +218,31 @@ func TestDesiredMembershipFollowsEtcd(t *testing.T) {
 		t.Errorf("new cluster: %+v replicas %d", got, replicas)
 	}
 }
+
+func TestDisruptionBudgetFollowsVotingMembers(t *testing.T) {
+	tests := []struct {
+		name string
+		s    *scenario
+		want int32
+	}{
+		{"formed", formed(3, "3.7.3"), 3},
+		{"scaling up: the learner does not count", formed(3, "3.7.3").with(func(s *scenario) {
+			s.kvc.Spec.Partitions = 5
+			s.obs.cluster.Members = append(s.obs.cluster.Members, members.Member{ID: 9, Learner: true})
+		}), 3},
+		{"scaling down: never more than the spec", formed(5, "3.7.3").with(func(s *scenario) { s.kvc.Spec.Partitions = 3 }), 3},
+		{"etcd not answering: the last known members", formed(3, "3.7.3").with(func(s *scenario) {
+			s.kvc.Spec.Partitions = 5
+			s.obs.cluster = nil
+		}), 3},
+		{"nothing known yet: the spec", formed(3, "3.7.3").with(func(s *scenario) {
+			s.obs.cluster = nil
+			s.kvc.Status.Members = nil
+		}), 3},
+	}
+	for _, tt := range tests {
+		if got := disruptionBase(tt.s.kvc, tt.s.obs); got != tt.want {
+			t.Errorf("%s: disruptionBase = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}

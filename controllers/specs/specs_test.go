@@ -56,9 +56,9 @@ func TestPodDisruptionBudgetKeepsQuorum(t *testing.T) {
 		if q := Quorum(tt.partitions); q != tt.quorum {
 			t.Errorf("Quorum(%d) = %d, want %d", tt.partitions, q, tt.quorum)
 		}
-		pdb := PodDisruptionBudget(cluster(tt.partitions))
+		pdb := PodDisruptionBudget(cluster(9), tt.partitions)
 		if got := pdb.Spec.MaxUnavailable.IntValue(); int32(got) != tt.maxUnavailable {
-			t.Errorf("partitions %d: maxUnavailable = %d, want %d", tt.partitions, got, tt.maxUnavailable)
+			t.Errorf("%d voting members: maxUnavailable = %d, want %d", tt.partitions, got, tt.maxUnavailable)
 		}
 		if pdb.Spec.Selector.MatchLabels["app.kubernetes.io/instance"] != "kv" {
 			t.Errorf("PDB selector = %v", pdb.Spec.Selector.MatchLabels)
