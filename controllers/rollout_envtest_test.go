@@ -534,3 +534,46 @@ func TestAStalledUpgradeFailsAndGoingBackRecovers(t *testing.T) {
 		t.Errorf("after going back: phase %s on %s, want Ready on 3.6.16", got.Status.Phase, got.Status.CurrentVersion)
 	}
 }
+
+// TestScalingAndUpgradingAtOnce: members are added first (the new one joins on the new version,
+// which etcd allows while versions are mixed), then every older member is restarted one at a time.
+func TestScalingAndUpgradingAtOnce(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("both")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.6.16")
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions, k.Spec.Version = 4, "3.7.3" })
+	var steps []string
+	for i := 0; i < 40 && !readyOn(h.fresh(kvc), 4, "3.7.3"); i++ {
+		h.reconcile(kvc)
+		steps = append(steps, h.members.takeCalls()...)
+		gone := sim.deleted()
+		if len(gone) > 1 {
+			t.Fatalf("more than one member down at once: %v", gone)
+		}
+		for _, name := range gone {
+			steps = append(steps, "restart "+name)
+		}
+		sim.down(gone)
+		sim.sync()
+		h.members.update(func(c *members.Cluster) {
+			for i := range c.Members {
+				if c.Members[i].Name == "" && sim.uids["kv-3"] != "" {
+					c.Members[i].Name, c.Members[i].Healthy, c.Members[i].Version = "kv-3", true, "3.7.3"
+				}
+			}
+		})
+	}
+	want := []string{"add-learner " + specs.MemberPeerURL(kvc, 3), "promote kv-3", "restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("steps = %v, want %v", steps, want)
+	}
+	if got := h.fresh(kvc); !readyOn(got, 4, "3.7.3") {
+		t.Errorf("phase %s on %s with %d members, want Ready on 3.7.3 with 4", got.Status.Phase, got.Status.CurrentVersion, len(got.Status.Members))
+	}
+}
+
+func readyOn(k *kvv1.KVCluster, n int, version string) bool {
+	return k.Status.Phase == kvv1.PhaseReady && k.Status.CurrentVersion == version && len(k.Status.Members) == n &&
+		k.Status.ObservedGeneration == k.Generation
+}
