@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -36,10 +37,10 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	if err := r.Client.List(ctx, &claims, inCluster...); err != nil {
 		return obs, fmt.Errorf("list volume claims of %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
-	claimUIDs := map[string]podInfo{}
+	claimUIDs := map[string]types.UID{}
 	for _, c := range claims.Items {
 		if c.DeletionTimestamp == nil {
-			claimUIDs[c.Name] = podInfo{volumeUID: c.UID}
+			claimUIDs[c.Name] = c.UID
 		}
 	}
 	var pods corev1.PodList
@@ -56,7 +57,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 			uid:         pod.UID,
 			terminating: pod.DeletionTimestamp != nil,
 			outdated:    obs.stsSettled && pod.Labels[appsv1.StatefulSetRevisionLabel] != sts.Status.UpdateRevision,
-			volumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)].volumeUID,
+			volumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)],
 		}
 		for _, c := range pod.Status.Conditions {
 			if c.Type == corev1.PodReady {

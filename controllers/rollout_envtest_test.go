@@ -120,6 +120,27 @@ func (s *memberSim) sync() {
 	}
 }
 
+// startLearners plays etcd for added members: one whose pod runs (and is not crash-looping on an
+// old member's data) starts, publishes its name and answers.
+func (s *memberSim) startLearners(version string) {
+	s.h.t.Helper()
+	s.h.members.update(func(c *members.Cluster) {
+		for i := range c.Members {
+			m := &c.Members[i]
+			ord, ok := specs.OrdinalOfPeerURL(s.kvc, m.PeerURLs[0])
+			name := specs.MemberName(s.kvc, ord)
+			if !ok || m.Started() || s.uids[name] == "" {
+				continue
+			}
+			var pod corev1.Pod
+			s.h.get(&pod, s.kvc.Namespace, name)
+			if len(pod.Status.ContainerStatuses) == 0 || pod.Status.ContainerStatuses[0].RestartCount == 0 {
+				m.Name, m.Healthy, m.Version = name, true, version
+			}
+		}
+	})
+}
+
 // down marks the members whose pods were deleted as not answering, as etcd would.
 func (s *memberSim) down(names []string) {
 	s.h.members.update(func(c *members.Cluster) {
@@ -306,14 +327,7 @@ func TestScalingAddsLearnersAndRemovesMembersFirst(t *testing.T) {
 		h.get(&sts, ns, "kv")
 		replicasSeen = append(replicasSeen, *sts.Spec.Replicas)
 		sim.sync()
-		// etcd names a learner once its pod started it.
-		h.members.update(func(c *members.Cluster) {
-			for i := range c.Members {
-				if ord, ok := specs.OrdinalOfPeerURL(kvc, c.Members[i].PeerURLs[0]); ok && c.Members[i].Name == "" && ord < int(*sts.Spec.Replicas) {
-					c.Members[i].Name, c.Members[i].Healthy, c.Members[i].Version = specs.MemberName(kvc, ord), true, "3.7.3"
-				}
-			}
-		})
+		sim.startLearners("3.7.3")
 	}
 	want := []string{"add-learner " + specs.MemberPeerURL(kvc, 3), "promote kv-3", "add-learner " + specs.MemberPeerURL(kvc, 4), "promote kv-4"}
 	if !slices.Equal(steps, want) {
@@ -423,17 +437,7 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 		if slices.Contains(calls, "add-learner "+specs.MemberPeerURL(kvc, 1)) {
 			crashLoop() // the old crash-looping pod, with its member's ID in its data, cannot join
 		}
-		h.members.update(func(c *members.Cluster) { // a learner on a fresh pod starts and answers
-			for i := range c.Members {
-				if c.Members[i].Name == "" && sim.uids["kv-1"] != "" {
-					var pod corev1.Pod
-					h.get(&pod, ns, "kv-1")
-					if len(pod.Status.ContainerStatuses) == 0 || pod.Status.ContainerStatuses[0].RestartCount == 0 {
-						c.Members[i].Name, c.Members[i].Healthy, c.Members[i].Version = "kv-1", true, "3.7.3"
-					}
-				}
-			}
-		})
+		sim.startLearners("3.7.3")
 	}
 	want := []string{"remove kv-1", "add-learner " + specs.MemberPeerURL(kvc, 1), "reset kv-1", "promote kv-1"}
 	if !slices.Equal(steps, want) {
@@ -556,13 +560,7 @@ func TestScalingAndUpgradingAtOnce(t *testing.T) {
 		}
 		sim.down(gone)
 		sim.sync()
-		h.members.update(func(c *members.Cluster) {
-			for i := range c.Members {
-				if c.Members[i].Name == "" && sim.uids["kv-3"] != "" {
-					c.Members[i].Name, c.Members[i].Healthy, c.Members[i].Version = "kv-3", true, "3.7.3"
-				}
-			}
-		})
+		sim.startLearners("3.7.3")
 	}
 	want := []string{"add-learner " + specs.MemberPeerURL(kvc, 3), "promote kv-3", "restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}
 	if !slices.Equal(steps, want) {
