@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
 
 	batchv1 "k8s.io/api/batch/v1"
 	"time"
@@ -260,14 +261,9 @@ func setCondition(st *kvv1.KVClusterStatus, condType string, status bool, reason
 
 // membersMoved reports progress of a rollout: a member joined, left, was promoted or changed version.
 func membersMoved(before, after []kvv1.MemberStatus) bool {
-	key := func(ms []kvv1.MemberStatus) string {
-		s := ""
-		for _, m := range ms {
-			s += fmt.Sprintf("%s/%s/%s/%t;", m.Name, m.ID, m.Version, m.Learner)
-		}
-		return s
-	}
-	return key(before) != key(after)
+	return !slices.EqualFunc(before, after, func(a, b kvv1.MemberStatus) bool {
+		return a.Name == b.Name && a.ID == b.ID && a.Version == b.Version && a.Learner == b.Learner
+	})
 }
 
 // memberStatuses is etcd's member list for status; when etcd did not answer, the last known list

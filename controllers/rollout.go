@@ -95,8 +95,6 @@ func memberOrdinal(kvc *kvv1.KVCluster, m members.Member) (int, bool) {
 	return 0, false
 }
 
-func quorum(voting int) int { return voting/2 + 1 }
-
 // bootstrapped reports whether the cluster has formed (now or before); until then members start as
 // a new cluster, afterwards a member starting without data joins the existing one.
 func bootstrapped(kvc *kvv1.KVCluster, obs observation) bool {
@@ -126,29 +124,35 @@ func desiredMembership(kvc *kvv1.KVCluster, obs observation) (specs.Membership, 
 		if obs.membership != nil && obs.stsReplicas != nil {
 			return *obs.membership, *obs.stsReplicas
 		}
-		m := specs.Membership{State: specs.ClusterStateExisting}
+		var ordinals []int
 		for _, ms := range kvc.Status.Members {
 			if ord, ok := specs.OrdinalOfMember(kvc, ms.Name); ok {
-				m.Ordinals = append(m.Ordinals, ord)
+				ordinals = append(ordinals, ord)
 			}
 		}
-		if len(m.Ordinals) == 0 {
-			m.Ordinals = specs.NewClusterMembership(kvc).Ordinals
+		if len(ordinals) == 0 {
+			ordinals = specs.NewClusterMembership(kvc).Ordinals
 		}
-		slices.Sort(m.Ordinals)
-		return m, int32(m.Ordinals[len(m.Ordinals)-1] + 1)
+		return existingMembership(ordinals)
 	}
-	m := specs.Membership{State: specs.ClusterStateExisting}
+	var ordinals []int
 	for _, mem := range obs.cluster.Members {
 		if ord, ok := memberOrdinal(kvc, mem); ok {
-			m.Ordinals = append(m.Ordinals, ord)
+			ordinals = append(ordinals, ord)
 		}
 	}
-	slices.Sort(m.Ordinals)
-	if len(m.Ordinals) == 0 {
+	return existingMembership(ordinals)
+}
+
+// existingMembership is the membership of a formed cluster with these members; its pods are the
+// ordinals up to the highest member's (a removed member's slot may be a hole).
+func existingMembership(ordinals []int) (specs.Membership, int32) {
+	slices.Sort(ordinals)
+	m := specs.Membership{State: specs.ClusterStateExisting, Ordinals: ordinals}
+	if len(ordinals) == 0 {
 		return m, 0
 	}
-	return m, int32(m.Ordinals[len(m.Ordinals)-1] + 1)
+	return m, int32(ordinals[len(ordinals)-1] + 1)
 }
 
 // disruptionBase is the member count the PodDisruptionBudget protects: the voting members etcd
@@ -243,7 +247,7 @@ func planRollout(kvc *kvv1.KVCluster, obs observation) rollout {
 		if recorded == "" || recorded == pod.volumeUID {
 			continue
 		}
-		if healthyVoting < quorum(voting-1) {
+		if healthyVoting < int(specs.Quorum(int32(voting-1))) {
 			return wait(ReasonReplacingMember, "member %s lost its data, but removing it would leave no quorum", m.Name)
 		}
 		return rollout{pending: true, action: actRemove, ordinal: ord, memberID: m.ID, reason: ReasonReplacingMember,
@@ -256,7 +260,7 @@ func planRollout(kvc *kvv1.KVCluster, obs observation) rollout {
 			continue
 		}
 		reason := ReasonScaling
-		if ord < voting {
+		if _, ok := obs.pods[ord]; ok { // a scale-up's pod is only created after its member is added
 			reason = ReasonReplacingMember
 		}
 		if !allHealthy {
@@ -344,7 +348,7 @@ func planRestarts(kvc *kvv1.KVCluster, obs observation, byOrdinal map[int]member
 				progress, m.Name, m.AppliedIndex, leader.RaftIndex)
 		}
 	}
-	if voting > 1 && healthyVoting-1 < quorum(voting) {
+	if voting > 1 && healthyVoting-1 < int(specs.Quorum(int32(voting))) {
 		return wait(ReasonUpgrading, "%s; restarting a member now would lose the quorum", progress)
 	}
 	// Followers first.

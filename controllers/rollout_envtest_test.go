@@ -28,6 +28,8 @@ type memberSim struct {
 	kvc *kvv1.KVCluster
 	// uids of the member pods the simulation created, by name.
 	uids map[string]types.UID
+	// version is what the StatefulSet's template runs, as of the last sync.
+	version string
 }
 
 func (h *harness) simulate(kvc *kvv1.KVCluster) *memberSim {
@@ -57,7 +59,9 @@ func (s *memberSim) sync() {
 	var sts appsv1.StatefulSet
 	h.get(&sts, s.kvc.Namespace, s.kvc.Name)
 	rev := testRevision(&sts)
-	version := strings.TrimPrefix(sts.Spec.Template.Spec.Containers[0].Image[strings.LastIndex(sts.Spec.Template.Spec.Containers[0].Image, ":")+1:], "v")
+	image := sts.Spec.Template.Spec.Containers[0].Image
+	version := strings.TrimPrefix(image[strings.LastIndex(image, ":")+1:], "v")
+	s.version = version
 	replicas := int(*sts.Spec.Replicas)
 	for _, name := range s.deleted() {
 		delete(s.uids, name)
@@ -121,8 +125,8 @@ func (s *memberSim) sync() {
 }
 
 // startLearners plays etcd for added members: one whose pod runs (and is not crash-looping on an
-// old member's data) starts, publishes its name and answers.
-func (s *memberSim) startLearners(version string) {
+// old member's data) starts on the template's version, publishes its name and answers.
+func (s *memberSim) startLearners() {
 	s.h.t.Helper()
 	s.h.members.update(func(c *members.Cluster) {
 		for i := range c.Members {
@@ -135,10 +139,39 @@ func (s *memberSim) startLearners(version string) {
 			var pod corev1.Pod
 			s.h.get(&pod, s.kvc.Namespace, name)
 			if len(pod.Status.ContainerStatuses) == 0 || pod.Status.ContainerStatuses[0].RestartCount == 0 {
-				m.Name, m.Healthy, m.Version = name, true, version
+				m.Name, m.Healthy, m.Version = name, true, s.version
 			}
 		}
 	})
+}
+
+// step reconciles once and plays what follows, returning what the operator did: its etcd requests
+// and the member pods it deleted ("restart <pod>"). A deleted member goes down, and must be the
+// only one: while it is down the cluster is Upgrading and a further reconcile changes nothing.
+// Then its pod comes back on the current template and added members start.
+func (s *memberSim) step() []string {
+	h := s.h
+	h.t.Helper()
+	h.reconcile(s.kvc)
+	steps := h.members.takeCalls()
+	gone := s.deleted()
+	if len(gone) > 1 {
+		h.t.Fatalf("more than one member down at once: %v", gone)
+	}
+	if len(gone) == 1 {
+		steps = append(steps, "restart "+gone[0])
+		s.down(gone)
+		if got := h.fresh(s.kvc); got.Status.Phase != kvv1.PhaseUpgrading {
+			h.t.Errorf("phase while %s restarts = %s, want Upgrading", gone[0], got.Status.Phase)
+		}
+		h.reconcile(s.kvc) // with a member down, nothing else may move
+		if more := s.deleted(); len(more) != 1 || len(h.members.takeCalls()) != 0 {
+			h.t.Fatalf("the operator acted while %s was down: deleted %v", gone[0], more)
+		}
+	}
+	s.sync()
+	s.startLearners()
+	return steps
 }
 
 // down marks the members whose pods were deleted as not answering, as etcd would.
@@ -202,26 +235,7 @@ func TestUpgradeRestartsOneMemberAtATimeLeaderLast(t *testing.T) {
 		if i == 4 { // the operator restarts mid-way: nothing but the cluster tells it where it was
 			h.r = &KVClusterReconciler{Client: h.client, Recorder: h.recorder, Members: h.members, Clock: h.clock, BackupImage: h.r.BackupImage}
 		}
-		h.reconcile(kvc)
-		for _, c := range h.members.takeCalls() {
-			steps = append(steps, c)
-		}
-		gone := sim.deleted()
-		if len(gone) > 1 {
-			t.Fatalf("more than one member down at once: %v", gone)
-		}
-		if len(gone) == 1 {
-			steps = append(steps, "restart "+gone[0])
-			sim.down(gone)
-			if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseUpgrading {
-				t.Errorf("phase while a member restarts = %s, want Upgrading", got.Status.Phase)
-			}
-			h.reconcile(kvc) // with a member down, nothing else may move
-			if more := sim.deleted(); len(more) != 1 || len(h.members.takeCalls()) != 0 {
-				t.Fatalf("the operator acted while %s was down: deleted %v", gone[0], more)
-			}
-		}
-		sim.sync()
+		steps = append(steps, sim.step()...)
 	}
 	// Leadership goes to the furthest-applied updated member; on a tie, the first listed.
 	want := []string{"restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}
@@ -321,13 +335,10 @@ func TestScalingAddsLearnersAndRemovesMembersFirst(t *testing.T) {
 	steps := h.members.takeCalls()
 	replicasSeen := []int32{}
 	for i := 0; i < 20 && !(h.fresh(kvc).Status.Phase == kvv1.PhaseReady && h.fresh(kvc).Generation == h.fresh(kvc).Status.ObservedGeneration); i++ {
-		h.reconcile(kvc)
-		steps = append(steps, h.members.takeCalls()...)
+		steps = append(steps, sim.step()...)
 		var sts appsv1.StatefulSet
 		h.get(&sts, ns, "kv")
 		replicasSeen = append(replicasSeen, *sts.Spec.Replicas)
-		sim.sync()
-		sim.startLearners("3.7.3")
 	}
 	want := []string{"add-learner " + specs.MemberPeerURL(kvc, 3), "promote kv-3", "add-learner " + specs.MemberPeerURL(kvc, 4), "promote kv-4"}
 	if !slices.Equal(steps, want) {
@@ -437,7 +448,7 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 		if slices.Contains(calls, "add-learner "+specs.MemberPeerURL(kvc, 1)) {
 			crashLoop() // the old crash-looping pod, with its member's ID in its data, cannot join
 		}
-		sim.startLearners("3.7.3")
+		sim.startLearners()
 	}
 	want := []string{"remove kv-1", "add-learner " + specs.MemberPeerURL(kvc, 1), "reset kv-1", "promote kv-1"}
 	if !slices.Equal(steps, want) {
@@ -549,18 +560,7 @@ func TestScalingAndUpgradingAtOnce(t *testing.T) {
 	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions, k.Spec.Version = 4, "3.7.3" })
 	var steps []string
 	for i := 0; i < 40 && !readyOn(h.fresh(kvc), 4, "3.7.3"); i++ {
-		h.reconcile(kvc)
-		steps = append(steps, h.members.takeCalls()...)
-		gone := sim.deleted()
-		if len(gone) > 1 {
-			t.Fatalf("more than one member down at once: %v", gone)
-		}
-		for _, name := range gone {
-			steps = append(steps, "restart "+name)
-		}
-		sim.down(gone)
-		sim.sync()
-		sim.startLearners("3.7.3")
+		steps = append(steps, sim.step()...)
 	}
 	want := []string{"add-learner " + specs.MemberPeerURL(kvc, 3), "promote kv-3", "restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}
 	if !slices.Equal(steps, want) {

@@ -94,19 +94,11 @@ func MemberPeerURL(kvc *kvv1.KVCluster, ordinal int) string {
 // OrdinalOfPeerURL finds which member a peer URL belongs to; etcd knows an added member that has
 // not started yet only by its peer URL.
 func OrdinalOfPeerURL(kvc *kvv1.KVCluster, url string) (int, bool) {
-	rest, ok := strings.CutPrefix(url, "http://"+kvc.Name+"-")
-	if !ok {
-		return 0, false
+	host, _, _ := strings.Cut(strings.TrimPrefix(url, "http://"), ".")
+	if ord, ok := OrdinalOfMember(kvc, host); ok && MemberPeerURL(kvc, ord) == url {
+		return ord, true
 	}
-	digits, _, ok := strings.Cut(rest, ".")
-	if !ok {
-		return 0, false
-	}
-	ord, err := strconv.Atoi(digits)
-	if err != nil || ord < 0 || MemberPeerURL(kvc, ord) != url || strconv.Itoa(ord) != digits {
-		return 0, false
-	}
-	return ord, true
+	return 0, false
 }
 
 // OrdinalOfMember is the ordinal of a member name (the pod's name).
