@@ -44,6 +44,9 @@ type KVClusterReconciler struct {
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters/status,verbs=get;patch
+// Children block their owner's deletion (blockOwnerDeletion), which clusters enforcing owner
+// references allow only to those who may update the owner's finalizers.
+// +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch

@@ -461,3 +461,22 @@ func TestAdmissionOfVersionChanges(t *testing.T) {
 		})
 	}
 }
+
+// TestPermissionsSufficeWhereOwnerReferencesAreEnforced: a cluster with OwnerReferencesPermissionEnforcement
+// (OpenShift, hardened clusters) refuses children with blockOwnerDeletion unless the writer may
+// update the owner's finalizers. The reconciler runs with only the shipped ClusterRole.
+func TestPermissionsSufficeWhereOwnerReferencesAreEnforced(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("ownerrefs")
+	kvc := withBackups(newKVCluster(ns, "kv", 3), "")
+	h.create(kvc)
+	h.members.set(members.Cluster{}, errNoQuorum)
+	if _, err := h.r.Reconcile(context.Background(), requestFor(kvc)); err != nil {
+		t.Fatalf("reconcile as the operator's ServiceAccount: %v", err)
+	}
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	if ref := metav1.GetControllerOf(&sts); ref == nil || ref.BlockOwnerDeletion == nil || !*ref.BlockOwnerDeletion {
+		t.Errorf("StatefulSet owner reference = %+v, want the KVCluster blocking its deletion", ref)
+	}
+}

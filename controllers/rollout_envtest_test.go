@@ -233,7 +233,7 @@ func TestUpgradeRestartsOneMemberAtATimeLeaderLast(t *testing.T) {
 	var steps []string
 	for i := 0; i < 30 && h.fresh(kvc).Status.CurrentVersion != "3.7.3"; i++ {
 		if i == 4 { // the operator restarts mid-way: nothing but the cluster tells it where it was
-			h.r = &KVClusterReconciler{Client: h.client, Recorder: h.recorder, Members: h.members, Clock: h.clock, BackupImage: h.r.BackupImage}
+			h.restartOperator()
 		}
 		steps = append(steps, sim.step()...)
 	}

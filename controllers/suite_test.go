@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -20,6 +22,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
@@ -30,9 +33,44 @@ import (
 var (
 	testEnv    *envtest.Environment
 	restConfig *rest.Config
-	scheme     = runtime.NewScheme()
-	writes     = &writeCounter{}
+	// operatorConfig acts as the operator's ServiceAccount, with only the generated ClusterRole
+	// (deploy/rbac/role.yaml): what the reconciler does, it does with the permissions it ships with.
+	operatorConfig *rest.Config
+	scheme         = runtime.NewScheme()
+	writes         = &writeCounter{}
 )
+
+const operatorUser = "system:serviceaccount:kvcluster-system:kvcluster-operator"
+
+// asOperator creates the operator's ClusterRole from deploy/rbac and binds it to the operator's
+// ServiceAccount, and returns a configuration that impersonates that ServiceAccount.
+func asOperator(admin *rest.Config) (*rest.Config, error) {
+	c, err := client.New(admin, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join("..", "deploy", "rbac", "role.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict(data, &role); err != nil {
+		return nil, fmt.Errorf("deploy/rbac/role.yaml: %w", err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "kvcluster-operator", Namespace: "kvcluster-system"}},
+	}
+	for _, obj := range []client.Object{&role, binding} {
+		if err := c.Create(context.Background(), obj); err != nil {
+			return nil, err
+		}
+	}
+	cfg := rest.CopyConfig(admin)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: operatorUser}
+	return cfg, nil
+}
 
 func TestMain(m *testing.M) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
@@ -49,6 +87,9 @@ func TestMain(m *testing.M) {
 		CRDDirectoryPaths:     []string{filepath.Join("..", "deploy", "crd")},
 		ErrorIfCRDPathMissing: true,
 	}
+	// Clusters that enforce owner-reference permissions refuse blockOwnerDeletion from a client
+	// that may not update the owner's finalizers; the reconciler runs with exactly its ClusterRole.
+	testEnv.ControlPlane.GetAPIServer().Configure().Append("enable-admission-plugins", "OwnerReferencesPermissionEnforcement")
 	cfg, err := testEnv.Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start envtest:", err)
@@ -56,6 +97,10 @@ func TestMain(m *testing.M) {
 	}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &countingTransport{next: rt, counter: writes} })
 	restConfig = cfg
+	if operatorConfig, err = asOperator(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "grant the operator's ClusterRole:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if err := testEnv.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "stop envtest:", err)
@@ -216,24 +261,40 @@ type harness struct {
 	recorder *events.FakeRecorder
 }
 
+// newHarness: the test's own client is an administrator (it plays the kubelet and the other
+// controllers); the reconciler's client has only the operator's permissions.
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	c, err := client.New(restConfig, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
+	op, err := client.New(operatorConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := &harness{t: t, client: c, members: &fakeMembers{}, clock: clocktesting.NewFakePassiveClock(time.Now()),
 		recorder: events.NewFakeRecorder(100)}
-	h.r = &KVClusterReconciler{Client: c, Recorder: h.recorder, Members: h.members, Clock: h.clock,
+	h.r = &KVClusterReconciler{Client: op, Recorder: h.recorder, Members: h.members, Clock: h.clock,
 		BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test"}
 	return h
 }
 
+// restartOperator replaces the reconciler by a new one that remembers nothing.
+func (h *harness) restartOperator() {
+	r := *h.r
+	h.r = &r
+}
+
 func (h *harness) reconcile(kvc *kvv1.KVCluster) ctrl.Result {
 	h.t.Helper()
-	res, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(kvc)})
+	res, err := h.r.Reconcile(context.Background(), requestFor(kvc))
 	if err != nil {
 		h.t.Fatalf("reconcile %s: %v", kvc.Name, err)
 	}
 	return res
+}
+
+func requestFor(kvc *kvv1.KVCluster) ctrl.Request {
+	return ctrl.Request{NamespacedName: client.ObjectKeyFromObject(kvc)}
 }
