@@ -480,3 +480,61 @@ func TestPermissionsSufficeWhereOwnerReferencesAreEnforced(t *testing.T) {
 		t.Errorf("StatefulSet owner reference = %+v, want the KVCluster blocking its deletion", ref)
 	}
 }
+
+// TestAdmissionRejectsUnworkableSpecs: manifests the API server used to admit although nothing
+// could run them, or that point outside the backup destination.
+func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("unworkable")
+	ctx := context.Background()
+	resources := func(req, lim corev1.ResourceList) func(*kvv1.KVCluster) {
+		return func(k *kvv1.KVCluster) { k.Spec.Resources = corev1.ResourceRequirements{Requests: req, Limits: lim} }
+	}
+	q := resource.MustParse
+	s3 := func() *kvv1.S3Destination {
+		return &kvv1.S3Destination{Endpoint: "s3.backup.svc:7070", Bucket: "backups", CredentialsSecret: "s3-credentials"}
+	}
+	tests := []struct {
+		name    string
+		mutate  func(*kvv1.KVCluster)
+		wantErr string // "" = accepted
+	}{
+		{name: "memory request above its limit", mutate: resources(corev1.ResourceList{"memory": q("2Gi")}, corev1.ResourceList{"memory": q("1Gi")}),
+			wantErr: "resources.requests must not exceed resources.limits"},
+		{name: "cpu request above its limit", mutate: resources(corev1.ResourceList{"cpu": q("2")}, corev1.ResourceList{"cpu": q("500m")}),
+			wantErr: "resources.requests must not exceed resources.limits"},
+		{name: "ok: requests equal to limits", mutate: resources(corev1.ResourceList{"cpu": q("500m"), "memory": q("1Gi")}, corev1.ResourceList{"cpu": q("0.5"), "memory": q("1024Mi")})},
+		{name: "ok: only a memory limit", mutate: resources(corev1.ResourceList{"cpu": q("1")}, corev1.ResourceList{"memory": q("1Gi")})},
+		{name: "credentials Secret that is not a name", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.CredentialsSecret = "S3 Credentials" },
+			wantErr: "spec.backup.s3.credentialsSecret"},
+		{name: "claim that is not a name", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "../backups"}} },
+			wantErr: "spec.backup.pvc.claimName"},
+		{name: "restore claim that is not a name", mutate: func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "Backups"}, Key: "ns/kv/kv-final.db"}
+		}, wantErr: "spec.restore.pvc.claimName"},
+		{name: "URL Secret that is not a name", mutate: func(k *kvv1.KVCluster) {
+			k.Spec.Deregistration = &kvv1.DeregistrationSpec{HTTP: &kvv1.HTTPDeregistration{URLSecret: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: "Registry Token"}, Key: "url"}}}
+		}, wantErr: "urlSecret.name must be the name of a Secret"},
+		{name: "repository with a tag", mutate: func(k *kvv1.KVCluster) { k.Spec.Repository = "registry.example.com/etcd:v3.7.3" },
+			wantErr: "repository must not carry a tag"},
+		{name: "repository with a digest", mutate: func(k *kvv1.KVCluster) { k.Spec.Repository = "registry.example.com/etcd@sha256:abc" },
+			wantErr: "spec.repository"},
+		{name: "ok: repository on a registry port", mutate: func(k *kvv1.KVCluster) { k.Spec.Repository = "registry.example.com:5000/etcd" }},
+		{name: "S3 prefix climbing out", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Prefix = "team/../other-team" },
+			wantErr: "prefix must not contain '.' or '..' path segments"},
+		{name: "restore key climbing out", mutate: func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backups"}, Key: "../../etc/kv-final.db"}
+		}, wantErr: "key must not contain '.' or '..' path segments"},
+		{name: "ok: restore key with dots in names", mutate: func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{S3: s3(), Key: "team.prod/kv/kv-final..2026.db"}
+		}},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := withBackups(newKVCluster(ns, fmt.Sprintf("u%d", i), 3), "")
+			tc.mutate(k)
+			checkAdmission(t, h.client.Create(ctx, k), tc.wantErr)
+		})
+	}
+}

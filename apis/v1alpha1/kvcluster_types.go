@@ -73,6 +73,7 @@ type KVClusterSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=255
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]+([._/:-][a-z0-9]+)*$`
+	// +kubebuilder:validation:XValidation:rule="!self.split('/')[self.split('/').size() - 1].contains(':')",message="repository must not carry a tag (the operator appends :v<version>); a registry port is fine, e.g. registry.example.com:5000/etcd"
 	Repository string `json:"repository,omitempty"`
 
 	// Storage is the persistent volume each member keeps its data on.
@@ -84,6 +85,7 @@ type KVClusterSpec struct {
 	// Resources are the compute resources of each etcd member's container.
 	//
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || ['cpu', 'memory', 'ephemeral-storage'].all(r, !(r in self.requests) || !(r in self.limits) || quantity(string(self.requests[r])).compareTo(quantity(string(self.limits[r]))) <= 0)",message="resources.requests must not exceed resources.limits (for cpu, memory and ephemeral-storage): the member pods could never be created"
 	Resources corev1.ResourceRequirements `json:"resources,omitzero"`
 
 	// ProgressDeadlineSeconds is how long creation (or recovery of a lost quorum) may make no
@@ -233,6 +235,7 @@ type S3Destination struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.endsWith('/')",message="prefix must not start or end with '/'"
+	// +kubebuilder:validation:XValidation:rule="self.split('/').all(s, s != '..' && s != '.')",message="prefix must not contain '.' or '..' path segments"
 	Prefix string `json:"prefix,omitempty"`
 
 	// Region of the bucket.
@@ -251,6 +254,8 @@ type S3Destination struct {
 	//
 	// +required
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
 	CredentialsSecret string `json:"credentialsSecret"`
 }
 
@@ -279,6 +284,7 @@ type DeregistrationSpec struct {
 // HTTPDeregistration is a request to a URL, given inline or from a Secret (it may hold a token).
 //
 // +kubebuilder:validation:XValidation:rule="has(self.url) != has(self.urlSecret)",message="http needs exactly one of url or urlSecret"
+// +kubebuilder:validation:XValidation:rule="!has(self.urlSecret) || self.urlSecret.name.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",message="urlSecret.name must be the name of a Secret in the KVCluster's namespace (lower-case letters, digits, '-' and '.')"
 type HTTPDeregistration struct {
 	// URL to call.
 	// +optional
@@ -336,6 +342,7 @@ type RestoreSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="self.split('/').all(s, s != '..' && s != '.')",message="key must not contain '.' or '..' path segments"
 	Key string `json:"key"`
 
 	// SHA256 the snapshot must have (status.lastBackup.sha256 of its cluster); the restore refuses
@@ -355,6 +362,7 @@ type PVCDestination struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
 	ClaimName string `json:"claimName"`
 
 	// Prefix of the paths on the volume, without leading or trailing "/".
