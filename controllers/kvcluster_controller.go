@@ -9,6 +9,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
@@ -95,10 +96,13 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if v.phase != kvc.Status.Phase {
 		log.Info("phase changed", "from", kvc.Status.Phase, "to", v.phase, "reason", v.reason, "message", v.message)
 		eventType := corev1.EventTypeNormal
-		if v.phase == kvv1.PhaseFailed {
+		if v.phase == kvv1.PhaseFailed || warningReasons[v.reason] {
 			eventType = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(&kvc, nil, eventType, v.reason, "Phase"+string(v.phase), "%s", v.message)
+	} else if warningReasons[v.reason] && v.reason != previousReason(&kvc) {
+		// A problem that needs a person can arise without a phase change: say so once.
+		r.Recorder.Eventf(&kvc, nil, corev1.EventTypeWarning, v.reason, "Phase"+string(v.phase), "%s", v.message)
 	}
 	requeue := v.requeueAfter
 	if acted { // a membership change shows in etcd at once; apply what follows from it soon
@@ -108,6 +112,18 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		requeue = untilBackup
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// warningReasons are verdicts that need a person even when the phase stays the same.
+var warningReasons = map[string]bool{ReasonUnknownMember: true}
+
+// previousReason is the reason of the verdict the last status recorded (the Ready condition
+// always carries it).
+func previousReason(kvc *kvv1.KVCluster) string {
+	if c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
 }
 
 // applyChildren applies every object the cluster owns. The membership ConfigMap goes before the

@@ -179,6 +179,10 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 		eventReason = "MemberRemoved"
 
 	case actWipeLearner:
+		// Only the volume of a learner that never started holds nothing the cluster needs.
+		if !unstartedLearner(obs.cluster, ro.memberID) {
+			return false, fmt.Errorf("refusing to reset the volume of %s: etcd member %x is not a learner that has not started", name, ro.memberID)
+		}
 		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: specs.DataClaimName(kvc, ro.ordinal)}}
 		if uid := obs.pods[ro.ordinal].volumeUID; uid != "" {
 			if err := ignoreGone(r.Client.Delete(ctx, claim, client.Preconditions{UID: &uid})); err != nil {
@@ -193,6 +197,18 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	log.FromContext(ctx).Info("rollout step", "action", eventReason, "member", name, "message", ro.message)
 	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, eventReason, ro.reason, "%s", ro.message)
 	return true, nil
+}
+
+func unstartedLearner(c *members.Cluster, id uint64) bool {
+	if c == nil {
+		return false
+	}
+	for _, m := range c.Members {
+		if m.ID == id {
+			return m.Learner && !m.Started()
+		}
+	}
+	return false
 }
 
 func (r *KVClusterReconciler) deletePod(ctx context.Context, kvc *kvv1.KVCluster, name string, ro rollout) error {

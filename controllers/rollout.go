@@ -3,6 +3,7 @@ package controllers
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -19,6 +20,7 @@ const (
 	ReasonPreUpgradeBackup  = "PreUpgradeBackup"
 	ReasonRolloutStalled    = "RolloutStalled"
 	ReasonMembershipUnknown = "MembershipUnknown"
+	ReasonUnknownMember     = "UnknownMember"
 )
 
 // maxCatchUpLag is how many raft entries a restarted member may still be behind the leader to
@@ -193,9 +195,14 @@ func planRollout(kvc *kvv1.KVCluster, obs observation) rollout {
 	voting, healthyVoting := 0, 0
 	var learner *members.Member
 	for _, m := range c.Members {
-		if ord, ok := memberOrdinal(kvc, m); ok {
-			byOrdinal[ord] = m
+		ord, ok := memberOrdinal(kvc, m)
+		if !ok {
+			// Taking it for one of ours could remove the wrong member or reset a voter's volume.
+			return rollout{pending: true, action: actWait, reason: ReasonUnknownMember, message: fmt.Sprintf(
+				"etcd has a member that is none of this cluster's pods (ID %x, name %q, peer URLs %s); the operator changes nothing "+
+					"while it is there. If it does not belong, remove it: etcdctl member remove %x", m.ID, m.Name, strings.Join(m.PeerURLs, ","), m.ID)}
 		}
+		byOrdinal[ord] = m
 		if m.Learner {
 			learner = &m
 			continue
@@ -216,7 +223,7 @@ func planRollout(kvc *kvv1.KVCluster, obs observation) rollout {
 
 	// 1. A learner is joining: let it start, promote it once etcd says it is in sync.
 	if learner != nil {
-		ord, _ := memberOrdinal(kvc, *learner)
+		ord, _ := memberOrdinal(kvc, *learner) // every member maps to an ordinal (checked above)
 		name := specs.MemberName(kvc, ord)
 		pod, hasPod := obs.pods[ord]
 		switch {
@@ -226,7 +233,7 @@ func planRollout(kvc *kvv1.KVCluster, obs observation) rollout {
 		case !learner.Started() && hasPod && !pod.ready && !pod.terminating && pod.restarts > 0:
 			// Its volume holds a previous member's data (or a failed first start): it can only
 			// join empty. The learner holds nothing the cluster needs.
-			return rollout{pending: true, action: actWipeLearner, ordinal: ord, podUID: pod.uid, reason: ReasonScaling,
+			return rollout{pending: true, action: actWipeLearner, ordinal: ord, memberID: learner.ID, podUID: pod.uid, reason: ReasonScaling,
 				message: fmt.Sprintf("member %s cannot start as a learner (%d restarts); deleting its pod and volume so it joins empty", name, pod.restarts)}
 		case learner.Healthy && learner.Started():
 			return rollout{pending: true, action: actPromote, ordinal: ord, memberID: learner.ID, reason: ReasonScaling,
@@ -298,8 +305,11 @@ func planRollout(kvc *kvv1.KVCluster, obs observation) rollout {
 func planRestarts(kvc *kvv1.KVCluster, obs observation, byOrdinal map[int]members.Member, ascending []int,
 	leader members.Member, voting, healthyVoting int) rollout {
 	outdated := obs.outdatedPods()
-	if outdated == 0 && obs.stsSettled && healthyOnOtherVersion(kvc, obs.cluster) == 0 {
-		// Done. A member that is down is not the rollout's business: Ready reports it.
+	// A rollout under way ends only when every member answers on the target; outside one, a
+	// member that is down is not the rollout's business: Ready reports it.
+	lagging, anyLagging := firstNotOnTarget(kvc, obs, ascending, byOrdinal)
+	settling := kvc.Status.Phase == kvv1.PhaseUpgrading && anyLagging
+	if outdated == 0 && obs.stsSettled && healthyOnOtherVersion(kvc, obs.cluster) == 0 && !settling {
 		return rollout{}
 	}
 	progress := rolloutProgress(kvc, obs.cluster)
@@ -307,6 +317,9 @@ func planRestarts(kvc *kvv1.KVCluster, obs observation, byOrdinal map[int]member
 		return wait(ReasonUpgrading, "%s; waiting for the StatefulSet controller to see the new template", progress)
 	}
 	if outdated == 0 {
+		if anyLagging {
+			return wait(ReasonUpgrading, "%s; waiting for member %s to be healthy on %s", progress, specs.MemberName(kvc, lagging), kvc.Spec.Version)
+		}
 		return wait(ReasonUpgrading, "%s; waiting for the restarted members to report the new version", progress)
 	}
 	if kvc.Spec.Backup != nil && kvc.Status.CurrentVersion != kvc.Spec.Version {
@@ -360,13 +373,27 @@ func planRestarts(kvc *kvv1.KVCluster, obs observation, byOrdinal map[int]member
 		}
 	}
 	// The leader last, after handing leadership to an up-to-date member.
-	ord, _ := memberOrdinal(kvc, leader)
+	ord, ok := memberOrdinal(kvc, leader)
+	if !ok {
+		return wait(ReasonUpgrading, "%s; etcd reports no leader among this cluster's members", progress)
+	}
 	if to, ok := transferee(obs.cluster, kvc, ord, obs); ok {
 		return rollout{pending: true, action: actMoveLeader, ordinal: ord, memberID: leader.ID, to: to.ID, reason: ReasonUpgrading,
 			message: fmt.Sprintf("%s; moving leadership from %s to %s before restarting it", progress, leader.Name, to.Name)}
 	}
 	return rollout{pending: true, action: actRestartPod, ordinal: ord, memberID: leader.ID, podUID: obs.pods[ord].uid, reason: ReasonUpgrading,
 		message: fmt.Sprintf("%s; restarting %s, the only member (a single-member cluster is briefly unavailable)", progress, leader.Name)}
+}
+
+// firstNotOnTarget is the lowest ordinal whose member is not healthy and ready on spec.version.
+func firstNotOnTarget(kvc *kvv1.KVCluster, obs observation, ascending []int, byOrdinal map[int]members.Member) (int, bool) {
+	for _, ord := range ascending {
+		m, pod := byOrdinal[ord], obs.pods[ord]
+		if !m.Healthy || m.Version != kvc.Spec.Version || !pod.ready {
+			return ord, true
+		}
+	}
+	return 0, false
 }
 
 // transferee is the voting member best placed to lead instead of the one at ordinal from: healthy,

@@ -575,3 +575,33 @@ func readyOn(k *kvv1.KVCluster, n int, version string) bool {
 	return k.Status.Phase == kvv1.PhaseReady && k.Status.CurrentVersion == version && len(k.Status.Members) == n &&
 		k.Status.ObservedGeneration == k.Generation
 }
+
+// TestAnUnknownMemberIsReportedAndLeftAlone: a member that is none of the cluster's pods stops
+// every membership change; status and one Warning event say which member and what to do.
+func TestAnUnknownMemberIsReportedAndLeftAlone(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("unknown")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+	h.members.update(func(c *members.Cluster) {
+		c.Members = append(c.Members, members.Member{ID: 0x4d, Learner: true, PeerURLs: []string{"http://10.0.0.9:2380"}})
+	})
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions = 5 })
+	for range 3 {
+		h.reconcile(kvc)
+		sim.sync()
+	}
+	if calls := h.members.takeCalls(); len(calls) != 0 {
+		t.Errorf("the operator changed the membership with an unknown member present: %v", calls)
+	}
+	if gone := sim.deleted(); len(gone) != 0 {
+		t.Errorf("the operator deleted %v", gone)
+	}
+	c := findCondition(h.fresh(kvc), kvv1.ConditionReconciling)
+	if c == nil || c.Reason != ReasonUnknownMember || !strings.Contains(c.Message, "etcdctl member remove 4d") {
+		t.Errorf("Reconciling = %+v, want the unknown member and how to remove it", c)
+	}
+	if ev := drainEvents(h); strings.Count(ev, "Warning "+ReasonUnknownMember) != 1 {
+		t.Errorf("events = %q, want one Warning %s", ev, ReasonUnknownMember)
+	}
+}

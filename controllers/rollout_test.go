@@ -246,3 +246,84 @@ func TestDisruptionBudgetFollowsVotingMembers(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownMembersAreNeverActedOn: a member whose name and peer URL map to none of the
+// cluster's pods (added by hand, or by something else) is reported and left alone; above all it
+// is never taken for member 0, whose volume a learner reset would delete.
+func TestUnknownMembersAreNeverActedOn(t *testing.T) {
+	const to = "3.7.3"
+	stranger := members.Member{ID: 77, Learner: true, PeerURLs: []string{"http://10.0.0.9:2380"}}
+	tests := []struct {
+		name string
+		s    *scenario
+	}{
+		{name: "an unknown learner while member 0's pod crash-loops (one member)", s: formed(1, to).with(func(s *scenario) {
+			s.obs.cluster.Members = append(s.obs.cluster.Members, stranger)
+			s.obs.pods[0] = podInfo{uid: "pod-kv-0", restarts: 4, volumeUID: "vol-kv-0"}
+		})},
+		{name: "an unknown started learner", s: formed(3, to).with(func(s *scenario) {
+			m := stranger
+			m.Name, m.Healthy = "intruder", true
+			s.obs.cluster.Members = append(s.obs.cluster.Members, m)
+		})},
+		{name: "an unknown voting member leads during an upgrade", s: formed(3, "3.6.16").upgradeTo(to).with(func(s *scenario) {
+			m := stranger
+			m.Name, m.Learner, m.Healthy = "intruder", false, true
+			s.obs.cluster.Members = append(s.obs.cluster.Members, m)
+			s.leader(3)
+		})},
+		{name: "an unknown member while scaling down", s: formed(3, to).with(func(s *scenario) {
+			m := stranger
+			m.Name, m.Learner, m.Healthy = "intruder", false, true
+			s.obs.cluster.Members = append(s.obs.cluster.Members, m)
+			s.kvc.Spec.Partitions = 1
+		})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := planRollout(tt.s.kvc, tt.s.obs)
+			if got.action != actWait || !got.pending || got.reason != ReasonUnknownMember {
+				t.Fatalf("planRollout = action %d reason %q (%s); want to wait with reason %s", got.action, got.reason, got.message, ReasonUnknownMember)
+			}
+			if !strings.Contains(got.message, "4d") || !strings.Contains(got.message, "member remove") {
+				t.Errorf("message %q must name the member (ID 4d) and how to remove it", got.message)
+			}
+		})
+	}
+}
+
+// TestUpgradeLastsUntilEveryMemberRunsTheTarget: while the last restarted member comes back, the
+// cluster is still upgrading; it is Ready only once every member answers on the new version.
+func TestUpgradeLastsUntilEveryMemberRunsTheTarget(t *testing.T) {
+	const from, to = "3.6.16", "3.7.3"
+	lastRestarting := formed(3, from).upgradeTo(to).restarted(2).restarted(1).leader(1).restarted(0).with(func(s *scenario) {
+		s.kvc.Status.Phase = kvv1.PhaseUpgrading
+		s.member(0).Healthy, s.member(0).Version = false, ""
+		p := s.obs.pods[0]
+		p.ready = false
+		s.obs.pods[0] = p
+		s.obs.readyMembers = 2
+	})
+	got := planRollout(lastRestarting.kvc, lastRestarting.obs)
+	if !got.pending || got.action != actWait || !strings.Contains(got.message, "kv-0") {
+		t.Fatalf("planRollout = pending %t action %d (%s); want to wait for kv-0", got.pending, got.action, got.message)
+	}
+	lastRestarting.obs.rollout = got
+	st, v := decide(lastRestarting.kvc, lastRestarting.obs, "", t0)
+	if v.phase != kvv1.PhaseUpgrading || st.CurrentVersion != from {
+		t.Errorf("while the last member restarts: phase %s, currentVersion %s; want Upgrading on %s", v.phase, st.CurrentVersion, from)
+	}
+
+	done := formed(3, from).upgradeTo(to).restarted(2).restarted(1).restarted(0).with(func(s *scenario) { s.kvc.Status.Phase = kvv1.PhaseUpgrading })
+	done.obs.rollout = planRollout(done.kvc, done.obs)
+	st, v = decide(done.kvc, done.obs, "", t0)
+	if v.phase != kvv1.PhaseReady || st.CurrentVersion != to {
+		t.Errorf("once every member runs %s: phase %s, currentVersion %s; want Ready on %s", to, v.phase, st.CurrentVersion, to)
+	}
+
+	// A member that goes down after the upgrade finished is the Ready condition's business.
+	after := formed(3, to).with(func(s *scenario) { s.member(1).Healthy = false })
+	if got := planRollout(after.kvc, after.obs); got.pending {
+		t.Errorf("a member down after the upgrade is not a rollout: %s", got.message)
+	}
+}

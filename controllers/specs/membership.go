@@ -101,6 +101,9 @@ func OrdinalOfPeerURL(kvc *kvv1.KVCluster, url string) (int, bool) {
 	return 0, false
 }
 
+// MaxMembers is the API's maximum of spec.partitions: no member of a cluster has an ordinal as high.
+const MaxMembers = 9
+
 // OrdinalOfMember is the ordinal of a member name (the pod's name).
 func OrdinalOfMember(kvc *kvv1.KVCluster, name string) (int, bool) {
 	digits, ok := strings.CutPrefix(name, kvc.Name+"-")
@@ -108,7 +111,7 @@ func OrdinalOfMember(kvc *kvv1.KVCluster, name string) (int, bool) {
 		return 0, false
 	}
 	ord, err := strconv.Atoi(digits)
-	if err != nil || ord < 0 || strconv.Itoa(ord) != digits {
+	if err != nil || ord < 0 || ord >= MaxMembers || strconv.Itoa(ord) != digits {
 		return 0, false
 	}
 	return ord, true

@@ -387,7 +387,8 @@ func TestOrdinalOfPeerURL(t *testing.T) {
 		ok   bool
 	}{
 		{"http://kv-0.kv-peer.prod.svc:2380", 0, true},
-		{"http://kv-12.kv-peer.prod.svc:2380", 12, true},
+		{"http://kv-8.kv-peer.prod.svc:2380", 8, true},
+		{"http://kv-12.kv-peer.prod.svc:2380", 0, false}, // no cluster has that many members
 		{"http://kv-01.kv-peer.prod.svc:2380", 0, false},
 		{"http://kv-1.kv-peer.other.svc:2380", 0, false},
 		{"http://kvx-1.kv-peer.prod.svc:2380", 0, false},
