@@ -70,10 +70,11 @@ func jobOutcome(job *batchv1.Job) (done, succeeded bool, at time.Time) {
 	return false, false, time.Time{}
 }
 
-// jobReport is the termination message of a Job's pod (the backup program's result or error).
+// jobReport is the termination message of a Job's pod (the backup program's result or error). Pods
+// are matched by the Job's UID: an earlier Job of the same name may have left pods behind.
 func (r *KVClusterReconciler) jobReport(ctx context.Context, job *batchv1.Job) (string, error) {
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.JobNameLabel: job.Name}); err != nil {
+	if err := r.Client.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)}); err != nil {
 		return "", fmt.Errorf("list pods of Job %s/%s: %w", job.Namespace, job.Name, err)
 	}
 	for _, p := range pods.Items {
@@ -222,7 +223,7 @@ func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KV
 	}
 	if !plan.slot.IsZero() {
 		name := backup.JobName(kvc.Name, plan.slot)
-		if err := r.Client.Apply(ctx, specs.BackupJob(kvc, name, specs.BackupScheduled, r.BackupImage),
+		if err := r.Client.Apply(ctx, specs.BackupJob(kvc, specs.ScheduledBackupRun(kvc, name), r.BackupImage),
 			client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 			return 0, fmt.Errorf("apply backup Job %s/%s: %w", kvc.Namespace, name, err)
 		}

@@ -76,7 +76,9 @@ func (h *harness) finishJob(job *batchv1.Job, succeeded bool, report string) {
 	h.t.Helper()
 	ctx := context.Background()
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: job.Name + "-abcde", Namespace: job.Namespace, Labels: map[string]string{batchv1.JobNameLabel: job.Name}},
+		ObjectMeta: metav1.ObjectMeta{Name: job.Name + "-" + string(job.UID)[:5], Namespace: job.Namespace,
+			Labels:          map[string]string{batchv1.JobNameLabel: job.Name, batchv1.ControllerUidLabel: string(job.UID)},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job"))}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Image: "x"}}, RestartPolicy: corev1.RestartPolicyNever},
 	}
 	if err := h.client.Create(ctx, pod); err != nil {
@@ -152,7 +154,7 @@ func TestScheduledBackupsStartOneJobPerSlotAndRecordSuccessOnly(t *testing.T) {
 	}
 	job := jobs[0]
 	args := strings.Join(job.Spec.Template.Spec.Containers[0].Args, " ")
-	if !strings.Contains(args, "--key=team/"+ns+"/kv/"+job.Name+".db") || !strings.Contains(args, "--insecure") {
+	if !strings.Contains(args, "--key=team/"+ns+"/kv/"+string(kvc.UID)+"/"+job.Name+".db") || !strings.Contains(args, "--insecure") {
 		t.Errorf("backup Job args = %s", args)
 	}
 	if ref := metav1.GetControllerOf(&job); ref == nil || ref.Kind != "KVCluster" {
@@ -354,4 +356,68 @@ func names(jobs []batchv1.Job) []string {
 		out = append(out, j.Name)
 	}
 	return out
+}
+
+// TestEveryBackupRunWritesItsOwnObject: a second upgrade, or a cluster deleted, re-created under
+// the same name and deleted again, must never find its backup's object already written (the
+// backup would refuse to overwrite it, and the upgrade wait or the final backup be lost).
+func TestEveryBackupRunWritesItsOwnObject(t *testing.T) {
+	keyOf := func(job *batchv1.Job) string {
+		for _, a := range job.Spec.Template.Spec.Containers[0].Args {
+			if k, ok := strings.CutPrefix(a, "--key="); ok {
+				return k
+			}
+		}
+		t.Fatalf("Job %s has no --key", job.Name)
+		return ""
+	}
+
+	t.Run("two upgrades in a row", func(t *testing.T) {
+		h := newHarness(t)
+		ns := h.namespace("twoupgrades")
+		kvc := withBackups(newKVCluster(ns, "kv", 3), "")
+		sim := h.formedCluster(kvc, "3.6.16")
+		var keys []string
+		for _, version := range []string{"3.7.3", "3.7.4"} {
+			h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Version = version })
+			for i := 0; i < 40 && h.fresh(kvc).Status.CurrentVersion != version; i++ {
+				sim.step()
+				var job batchv1.Job
+				if err := h.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "kv-preupgrade"}, &job); err == nil &&
+					job.Annotations[specs.TargetVersionAnnotation] == version && job.Status.Succeeded == 0 {
+					keys = append(keys, keyOf(&job))
+					h.clock.SetTime(h.clock.Now().Add(time.Minute))
+					h.finishJob(&job, true, successReport(keyOf(&job)))
+				}
+			}
+			if got := h.fresh(kvc); got.Status.CurrentVersion != version {
+				t.Fatalf("the upgrade to %s did not finish: %+v", version, got.Status)
+			}
+		}
+		if len(keys) != 2 || keys[0] == keys[1] {
+			t.Errorf("pre-upgrade backup objects = %q, want two different ones", keys)
+		}
+	})
+
+	t.Run("delete, re-create and delete again", func(t *testing.T) {
+		h := newHarness(t)
+		ns := h.namespace("recreate")
+		var keys []string
+		for range 2 {
+			kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+			h.deleteAndReconcile(kvc)
+			job := &batchv1.Job{}
+			h.get(job, ns, "kv-final")
+			keys = append(keys, keyOf(job))
+			h.finishJob(job, true, successReport(keyOf(job)))
+			h.reconcile(kvc)
+			if !h.gone(kvc) {
+				t.Fatal("the KVCluster was not released after its final backup")
+			}
+			h.collectGarbage(ns)
+		}
+		if keys[0] == keys[1] {
+			t.Errorf("both incarnations' final backups write %s: the second would be refused", keys[0])
+		}
+	})
 }

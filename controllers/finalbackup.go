@@ -113,7 +113,7 @@ func (r *KVClusterReconciler) finalBackupStep(ctx context.Context, kvc *kvv1.KVC
 	b := kvc.Spec.Backup
 	timeout := time.Duration(b.FinalBackupTimeoutSeconds) * time.Second
 	name := specs.FinalBackupJobName(kvc)
-	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.BackupJob(kvc, name, specs.BackupFinal, r.BackupImage))
+	job, found, started, err := r.runDeletionJob(ctx, kvc, name, timeout, specs.BackupJob(kvc, specs.FinalBackupRun(kvc, r.Clock.Now()), r.BackupImage))
 	if errors.Is(err, errCannotStart) {
 		return r.giveUp(ctx, kvc, kvc.Status, "final backup", err.Error())
 	}

@@ -132,7 +132,7 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 			err := r.Client.Delete(ctx, old, client.PropagationPolicy(metav1.DeletePropagationBackground), client.Preconditions{UID: &old.UID})
 			return true, ignoreGone(err)
 		}
-		if err := r.Client.Apply(ctx, specs.PreUpgradeBackupJob(kvc, r.BackupImage), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+		if err := r.Client.Apply(ctx, specs.PreUpgradeBackupJob(kvc, r.BackupImage, r.Clock.Now()), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 			return false, fmt.Errorf("apply pre-upgrade backup Job: %w", err)
 		}
 		eventReason = "PreUpgradeBackupStarted"

@@ -289,16 +289,13 @@ func TestUpgradeWaitsForThePreUpgradeBackup(t *testing.T) {
 	if err := h.client.Delete(context.Background(), &jobs[0], client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatal(err)
 	}
-	// (envtest has no garbage collector to delete the Job's pod)
-	if err := h.client.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-preupgrade-abcde"}}); err != nil {
-		t.Fatal(err)
-	}
+	h.collectGarbage(ns)
 	h.reconcile(kvc)
 	jobs = h.backupJobs(kvc)
 	if len(jobs) != 1 {
 		t.Fatalf("backup Jobs after the retry = %v", names(jobs))
 	}
-	h.finishJob(&jobs[0], true, successReport("team/"+ns+"/kv/kv-preupgrade.db"))
+	h.finishJob(&jobs[0], true, successReport("team/"+ns+"/kv/uid/kv-preupgrade-3.7.3-20261130T101500Z.db"))
 	h.reconcile(kvc)
 	if gone := sim.deleted(); !slices.Equal(gone, []string{"kv-2"}) {
 		t.Errorf("after the backup: restarted %v, want kv-2", gone)

@@ -12,7 +12,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -297,4 +302,43 @@ func (h *harness) reconcile(kvc *kvv1.KVCluster) ctrl.Result {
 
 func requestFor(kvc *kvv1.KVCluster) ctrl.Request {
 	return ctrl.Request{NamespacedName: client.ObjectKeyFromObject(kvc)}
+}
+
+// collectGarbage plays the garbage collector, which envtest lacks: it deletes the objects of a
+// namespace whose controlling owner (a KVCluster or a Job) is gone. Claims have none: they stay.
+func (h *harness) collectGarbage(ns string) {
+	h.t.Helper()
+	ctx := context.Background()
+	lists := []client.ObjectList{&corev1.ServiceList{}, &corev1.ConfigMapList{}, &appsv1.StatefulSetList{},
+		&policyv1.PodDisruptionBudgetList{}, &batchv1.JobList{}, &corev1.PodList{}}
+	for _, list := range lists {
+		if err := h.client.List(ctx, list, client.InNamespace(ns)); err != nil {
+			h.t.Fatal(err)
+		}
+		objs, err := meta.ExtractList(list)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		for _, o := range objs {
+			obj := o.(client.Object)
+			ref := metav1.GetControllerOf(obj)
+			if ref == nil {
+				continue
+			}
+			var owner client.Object = &kvv1.KVCluster{}
+			if ref.Kind == "Job" {
+				owner = &batchv1.Job{}
+			}
+			err := h.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, owner)
+			if client.IgnoreNotFound(err) != nil {
+				h.t.Fatal(err)
+			}
+			if err == nil && owner.GetUID() == ref.UID {
+				continue
+			}
+			if err := h.client.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+				h.t.Fatal(err)
+			}
+		}
+	}
 }

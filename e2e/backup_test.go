@@ -85,6 +85,21 @@ func (s *s3Store) stop() {
 	_ = s.forward.Wait()
 }
 
+// keys lists the objects whose keys start with prefix and end with suffix.
+func (s *s3Store) keys(ctx context.Context, t *testing.T, prefix, suffix string) []string {
+	t.Helper()
+	var out []string
+	for obj := range s.client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if obj.Err != nil {
+			t.Fatalf("list %s: %v", prefix, obj.Err)
+		}
+		if strings.HasSuffix(obj.Key, suffix) {
+			out = append(out, obj.Key)
+		}
+	}
+	return out
+}
+
 // object downloads an object and returns its sha256, or fails the test.
 func (s *s3Store) objectSHA256(ctx context.Context, t *testing.T, key string) (string, int64) {
 	t.Helper()
@@ -103,8 +118,9 @@ func (s *s3Store) objectSHA256(ctx context.Context, t *testing.T, key string) (s
 
 func TestBackups(t *testing.T) {
 	var (
-		kvc *kvv1.KVCluster
-		s3  *s3Store
+		kvc      *kvv1.KVCluster
+		s3       *s3Store
+		finalKey string
 	)
 	f := features.New("backups of a real cluster go to a real S3 store; deletion backs up and deregisters").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
@@ -149,7 +165,7 @@ func TestBackups(t *testing.T) {
 			t.Logf("first backup completed %s after the cluster was ready: %+v", time.Since(start).Round(time.Second), *got.Status.LastBackup)
 			lb := got.Status.LastBackup
 			key := strings.TrimPrefix(lb.Location, "s3://"+bucket+"/")
-			if !lb.Succeeded || !strings.HasPrefix(key, "e2e/"+kvc.Namespace+"/orders/orders-") {
+			if !lb.Succeeded || !strings.HasPrefix(key, "e2e/"+kvc.Namespace+"/orders/"+string(got.UID)+"/orders-") {
 				t.Fatalf("lastBackup = %+v", lb)
 			}
 			sum, size := s3.objectSHA256(ctx, t, key)
@@ -166,7 +182,8 @@ func TestBackups(t *testing.T) {
 		}).
 		Assess("deleting the KVCluster takes a final backup, deregisters, then everything goes", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			etcdctl(ctx, t, cfg, kvc, kvc.Name+"-0", "put", "orders/2", "one tea, written just before deletion")
-			if err := cfg.Client().Resources().Delete(ctx, get(ctx, t, cfg, kvc)); err != nil {
+			kvc = get(ctx, t, cfg, kvc) // its UID names the directory of its backups
+			if err := cfg.Client().Resources().Delete(ctx, kvc); err != nil {
 				t.Fatal(err)
 			}
 			start := time.Now()
@@ -175,9 +192,13 @@ func TestBackups(t *testing.T) {
 				t.Fatalf("the KVCluster was not deleted: %v\n%s", err, out)
 			}
 			t.Logf("deleted, with its final backup, in %s", time.Since(start).Round(time.Second))
-			key := fmt.Sprintf("e2e/%s/orders/orders-final.db", kvc.Namespace)
-			if _, size := s3.objectSHA256(ctx, t, key); size < 4096 {
-				t.Errorf("final backup %s is %d bytes", key, size)
+			finals := s3.keys(ctx, t, fmt.Sprintf("e2e/%s/orders/%s/orders-final-", kvc.Namespace, kvc.UID), ".db")
+			if len(finals) != 1 {
+				t.Fatalf("final backups in the bucket: %v, want one", finals)
+			}
+			finalKey = finals[0]
+			if _, size := s3.objectSHA256(ctx, t, finalKey); size < 4096 {
+				t.Errorf("final backup %s is %d bytes", finalKey, size)
 			}
 			sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: kvc.Name, Namespace: kvc.Namespace}}
 			if err := wait.For(conditions.New(cfg.Client().Resources()).ResourceDeleted(sts), wait.WithTimeout(time.Minute)); err != nil {
@@ -208,7 +229,7 @@ func TestBackups(t *testing.T) {
 					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
 					Restore: &kvv1.RestoreSpec{
 						S3:  &kvv1.S3Destination{Endpoint: "s3." + kvc.Namespace + ".svc:7070", Bucket: bucket, Insecure: true, CredentialsSecret: "s3-credentials"},
-						Key: fmt.Sprintf("e2e/%s/orders/orders-final.db", kvc.Namespace), // its sha256 comes from the metadata beside it
+						Key: finalKey, // its sha256 comes from the metadata beside it
 					},
 				},
 			}

@@ -64,7 +64,7 @@ func TestBackupsOnAPersistentVolumeClaim(t *testing.T) {
 				out, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "jobs,pods")
 				t.Fatalf("no successful backup on the claim: %v\nstatus: %+v\n%s", err, got.Status, out)
 			}
-			if lb := got.Status.LastBackup; !strings.HasPrefix(lb.Location, "pvc://backup-volume/"+kvc.Namespace+"/ledger/ledger-") || lb.Size < 4096 {
+			if lb := got.Status.LastBackup; !strings.HasPrefix(lb.Location, "pvc://backup-volume/"+kvc.Namespace+"/ledger/"+string(got.UID)+"/ledger-") || lb.Size < 4096 {
 				t.Fatalf("lastBackup = %+v", lb)
 			}
 			return ctx

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -24,13 +25,32 @@ const (
 	TargetVersionAnnotation = "kvcluster.io/target-version"
 )
 
+// BackupRun is one backup: the Job that takes it and the object it writes. Job names are
+// deterministic, so a retried reconcile never starts a second Job; object keys are unique per
+// cluster incarnation and per run, so no backup ever finds its object already written by an
+// earlier one (a second upgrade, a cluster re-created under the same name).
+type BackupRun struct {
+	Job, Kind, Key string
+}
+
+// ScheduledBackupRun is the backup of one schedule slot; the Job's name is already unique per slot.
+func ScheduledBackupRun(kvc *kvv1.KVCluster, job string) BackupRun {
+	return BackupRun{Job: job, Kind: BackupScheduled, Key: BackupObjectKey(kvc, job)}
+}
+
 // PreUpgradeBackupJobName is the one Job of the backup taken before an upgrade; the Job of an
 // earlier upgrade is replaced (its target version is in TargetVersionAnnotation).
 func PreUpgradeBackupJobName(kvc *kvv1.KVCluster) string { return kvc.Name + "-preupgrade" }
 
+// PreUpgradeBackupRun is the backup taken, at now, before the members move to spec.version.
+func PreUpgradeBackupRun(kvc *kvv1.KVCluster, now time.Time) BackupRun {
+	job := PreUpgradeBackupJobName(kvc)
+	return BackupRun{Job: job, Kind: BackupPreUpgrade, Key: BackupObjectKey(kvc, job+"-"+kvc.Spec.Version+"-"+runStamp(now))}
+}
+
 // PreUpgradeBackupJob is the backup Job taken before the members move to spec.version.
-func PreUpgradeBackupJob(kvc *kvv1.KVCluster, image string) *batchv1ac.JobApplyConfiguration {
-	return BackupJob(kvc, PreUpgradeBackupJobName(kvc), BackupPreUpgrade, image).
+func PreUpgradeBackupJob(kvc *kvv1.KVCluster, image string, now time.Time) *batchv1ac.JobApplyConfiguration {
+	return BackupJob(kvc, PreUpgradeBackupRun(kvc, now), image).
 		WithAnnotations(map[string]string{TargetVersionAnnotation: kvc.Spec.Version})
 }
 
@@ -38,16 +58,29 @@ func PreUpgradeBackupJob(kvc *kvv1.KVCluster, image string) *batchv1ac.JobApplyC
 // never starts a second one.
 func FinalBackupJobName(kvc *kvv1.KVCluster) string { return kvc.Name + "-final" }
 
-// BackupObjectKey is the object a backup Job writes: <prefix>/<namespace>/<name>/<job>.db.
-func BackupObjectKey(kvc *kvv1.KVCluster, job string) string {
+// FinalBackupRun is the final backup, started at now (a retry after a failure is a new run).
+func FinalBackupRun(kvc *kvv1.KVCluster, now time.Time) BackupRun {
+	job := FinalBackupJobName(kvc)
+	return BackupRun{Job: job, Kind: BackupFinal, Key: BackupObjectKey(kvc, job+"-"+runStamp(now))}
+}
+
+func runStamp(t time.Time) string { return t.UTC().Format("20060102T150405Z") }
+
+// BackupObjectKey is where a backup writes: <prefix>/<namespace>/<name>/<cluster UID>/<file>.db.
+// The UID keeps the backups of a cluster deleted and re-created under the same name apart, and
+// retention (which prunes within one directory) never touches an earlier incarnation's.
+func BackupObjectKey(kvc *kvv1.KVCluster, file string) string {
 	prefix := ""
 	if b := kvc.Spec.Backup; b != nil && b.S3 != nil {
 		prefix = b.S3.Prefix
 	} else if b != nil && b.PVC != nil {
 		prefix = b.PVC.Prefix
 	}
-	return strings.TrimPrefix(path.Join(prefix, kvc.Namespace, kvc.Name, job+".db"), "/")
+	return strings.TrimPrefix(path.Join(prefix, kvc.Namespace, kvc.Name, string(kvc.UID), file+".db"), "/")
 }
+
+// reportMargin is how long before its Job's deadline a program stops, to report its failure.
+func reportMargin(deadline int64) int64 { return max(10, deadline/10) }
 
 const (
 	backupVolume = "backups"
@@ -83,30 +116,32 @@ func accessTo(s3 *kvv1.S3Destination, pvc *kvv1.PVCDestination, readOnly bool) s
 }
 
 // BackupJob runs one backup: the operator's own image, `backup` subcommand, streaming a snapshot
-// to the bucket. Scheduled and final backups are built here alike; only the name, the kind label
-// and the deadline differ. It never retries (a retry would find its own object and be refused);
-// the next slot is the retry. Credentials reach the pod only from the referenced Secret.
-func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobApplyConfiguration {
+// to the bucket. Scheduled, pre-upgrade and final backups are built here alike; only the name, the
+// object, the kind label and the deadline differ. It never retries (a retry would find its own
+// object and be refused); the next slot is the retry. Credentials reach the pod only from the
+// referenced Secret.
+func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobApplyConfiguration {
 	b := kvc.Spec.Backup
 	deadline := int64(30 * 60)
-	if kind == BackupFinal {
+	if run.Kind == BackupFinal {
 		deadline = int64(b.FinalBackupTimeoutSeconds)
 	}
 	access := accessTo(b.S3, b.PVC, false)
 	args := append([]string{
 		"backup",
 		"--endpoints=" + strings.Join(MemberClientURLs(kvc), ","),
-		"--key=" + BackupObjectKey(kvc, name),
-		fmt.Sprintf("--timeout=%ds", deadline),
+		"--key=" + run.Key,
+		// The program gives up before the Job's deadline kills it, so it can still say why.
+		fmt.Sprintf("--timeout=%ds", deadline-reportMargin(deadline)),
 	}, access.args...)
-	if kind == BackupScheduled { // a final backup prunes nothing: the cluster is going away
+	if run.Kind == BackupScheduled { // only scheduled backups prune: the others are kept for good
 		args = append(args, "--prune-cluster="+kvc.Name, fmt.Sprintf("--keep-last=%d", max(b.Retention.KeepLast, 1)))
 		if b.Retention.MaxAge != nil {
 			args = append(args, "--max-age="+b.Retention.MaxAge.Duration.String())
 		}
 	}
 	labels := Labels(kvc)
-	labels[BackupKindLabel] = kind
+	labels[BackupKindLabel] = run.Kind
 	container := corev1ac.Container().
 		WithName("backup").
 		WithImage(image).
@@ -127,7 +162,7 @@ func BackupJob(kvc *kvv1.KVCluster, name, kind, image string) *batchv1ac.JobAppl
 		container.WithVolumeMounts(access.mount)
 		pod.WithVolumes(access.volume)
 	}
-	return batchv1ac.Job(name, kvc.Namespace).
+	return batchv1ac.Job(run.Job, kvc.Namespace).
 		WithLabels(labels).
 		WithOwnerReferences(OwnerReference(kvc)).
 		WithSpec(batchv1ac.JobSpec().

@@ -273,22 +273,28 @@ func TestBackupJob(t *testing.T) {
 		Retention:                 kvv1.BackupRetention{KeepLast: 5, MaxAge: &metav1.Duration{Duration: 72 * time.Hour}},
 		FinalBackupTimeoutSeconds: 120,
 	}
+	at := time.Date(2026, 11, 30, 10, 15, 0, 0, time.UTC)
 	tests := []struct {
-		name, kind   string
+		name         string
+		run          BackupRun
 		wantArgs     []string
 		unwantedArgs []string
 		deadline     int64
 	}{
-		{"scheduled", BackupScheduled,
-			[]string{"backup", "--key=team/prod/kv/kv-100.db", "--endpoints=http://kv-0.kv-peer.prod.svc:2379,", "--prune-cluster=kv", "--keep-last=5", "--max-age=72h0m0s"},
-			[]string{"--insecure"}, 1800},
-		{"final", BackupFinal,
-			[]string{"backup", "--key=team/prod/kv/kv-100.db", "--timeout=120s"},
-			[]string{"--prune-cluster", "--keep-last"}, 120},
+		{name: "scheduled", run: ScheduledBackupRun(kvc, "kv-100"),
+			wantArgs: []string{"backup", "--key=team/prod/kv/uid-1/kv-100.db", "--endpoints=http://kv-0.kv-peer.prod.svc:2379,",
+				"--prune-cluster=kv", "--keep-last=5", "--max-age=72h0m0s", "--timeout=1620s"},
+			unwantedArgs: []string{"--insecure"}, deadline: 1800},
+		{name: "final", run: FinalBackupRun(kvc, at),
+			wantArgs:     []string{"backup", "--key=team/prod/kv/uid-1/kv-final-20261130T101500Z.db", "--timeout=108s"},
+			unwantedArgs: []string{"--prune-cluster", "--keep-last"}, deadline: 120},
+		{name: "pre-upgrade", run: PreUpgradeBackupRun(kvc, at),
+			wantArgs:     []string{"backup", "--key=team/prod/kv/uid-1/kv-preupgrade-3.7.3-20261130T101500Z.db", "--timeout=1620s"},
+			unwantedArgs: []string{"--prune-cluster", "--keep-last"}, deadline: 1800},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			job := BackupJob(kvc, "kv-100", tt.kind, "op:1")
+			job := BackupJob(kvc, tt.run, "op:1")
 			args := strings.Join(job.Spec.Template.Spec.Containers[0].Args, " ")
 			for _, want := range tt.wantArgs {
 				if !strings.Contains(args, want) {
@@ -300,10 +306,10 @@ func TestBackupJob(t *testing.T) {
 					t.Errorf("args have %q: %s", unwanted, args)
 				}
 			}
-			if *job.Spec.ActiveDeadlineSeconds != tt.deadline || *job.Spec.BackoffLimit != 0 {
-				t.Errorf("deadline %d backoffLimit %d", *job.Spec.ActiveDeadlineSeconds, *job.Spec.BackoffLimit)
+			if *job.Name != tt.run.Job || *job.Spec.ActiveDeadlineSeconds != tt.deadline || *job.Spec.BackoffLimit != 0 {
+				t.Errorf("name %s deadline %d backoffLimit %d", *job.Name, *job.Spec.ActiveDeadlineSeconds, *job.Spec.BackoffLimit)
 			}
-			if job.Labels[BackupKindLabel] != tt.kind || job.Spec.Template.Labels[ManagedByLabel] != ManagedByValue {
+			if job.Labels[BackupKindLabel] != tt.run.Kind || job.Spec.Template.Labels[ManagedByLabel] != ManagedByValue {
 				t.Errorf("labels %v / pod labels %v", job.Labels, job.Spec.Template.Labels)
 			}
 			c := job.Spec.Template.Spec.Containers[0]
@@ -322,10 +328,10 @@ func TestBackupJob(t *testing.T) {
 func TestBackupAndRestoreOnAPersistentVolumeClaim(t *testing.T) {
 	kvc := cluster(1)
 	kvc.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume", Prefix: "etcd"}}
-	job := BackupJob(kvc, "kv-7", BackupScheduled, "op:1")
+	job := BackupJob(kvc, ScheduledBackupRun(kvc, "kv-7"), "op:1")
 	pod := job.Spec.Template.Spec
 	args := strings.Join(pod.Containers[0].Args, " ")
-	if !strings.Contains(args, "--dir=/backups --claim=backup-volume") || !strings.Contains(args, "--key=etcd/prod/kv/kv-7.db") || strings.Contains(args, "--s3") {
+	if !strings.Contains(args, "--dir=/backups --claim=backup-volume") || !strings.Contains(args, "--key=etcd/prod/kv/uid-1/kv-7.db") || strings.Contains(args, "--s3") {
 		t.Errorf("args = %s", args)
 	}
 	if len(pod.Containers[0].Env) != 0 {
