@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -77,9 +78,9 @@ func (h *harness) finishJob(job *batchv1.Job, succeeded bool, report string) {
 	ctx := context.Background()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: job.Name + "-" + string(job.UID)[:5], Namespace: job.Namespace,
-			Labels:          map[string]string{batchv1.JobNameLabel: job.Name, batchv1.ControllerUidLabel: string(job.UID)},
+			Labels:          withLabels(job.Spec.Template.Labels, batchv1.JobNameLabel, job.Name, batchv1.ControllerUidLabel, string(job.UID)),
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job"))}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Image: "x"}}, RestartPolicy: corev1.RestartPolicyNever},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Image: "x"}}, RestartPolicy: corev1.RestartPolicyNever},
 	}
 	if err := h.client.Create(ctx, pod); err != nil {
 		h.t.Fatal(err)
@@ -420,4 +421,16 @@ func TestEveryBackupRunWritesItsOwnObject(t *testing.T) {
 			t.Errorf("both incarnations' final backups write %s: the second would be refused", keys[0])
 		}
 	})
+}
+
+// withLabels is a copy of labels with the given key-value pairs added.
+func withLabels(labels map[string]string, kv ...string) map[string]string {
+	out := maps.Clone(labels)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		out[kv[i]] = kv[i+1]
+	}
+	return out
 }

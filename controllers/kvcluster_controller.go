@@ -28,8 +28,12 @@ import (
 
 // KVClusterReconciler drives a KVCluster towards its spec.
 type KVClusterReconciler struct {
-	Client   client.Client
-	Recorder recorder.EventRecorder
+	// Client reads from the manager's cache, which holds only objects labelled as the operator's.
+	Client client.Client
+	// APIReader reads from the API server: what the cache cannot show (an object someone else
+	// created under a name the operator uses).
+	APIReader client.Reader
+	Recorder  recorder.EventRecorder
 	// Members asks etcd about the cluster; a fake in tests.
 	Members members.Client
 	Clock   clock.PassiveClock
@@ -74,9 +78,17 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	membership, replicas := desiredMembership(&kvc, obs)
-	if err := r.applyChildren(ctx, &kvc, membership, replicas, disruptionBase(&kvc, obs)); err != nil {
+	if obs.foreignChildren, err = r.foreignChildren(ctx, &kvc); err != nil {
 		return ctrl.Result{}, err
+	}
+	if obs.leftoverClaims, err = r.leftoverClaims(ctx, &kvc, obs); err != nil {
+		return ctrl.Result{}, err
+	}
+	if _, blocked := blockedVerdict(&kvc, obs); !blocked {
+		membership, replicas := desiredMembership(&kvc, obs)
+		if err := r.applyChildren(ctx, &kvc, obs, membership, replicas); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	obs.rollout = planRollout(&kvc, obs)
 	status, v := decide(&kvc, obs, specs.ClientEndpoint(&kvc), now)
@@ -115,7 +127,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 }
 
 // warningReasons are verdicts that need a person even when the phase stays the same.
-var warningReasons = map[string]bool{ReasonUnknownMember: true}
+var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true}
 
 // previousReason is the reason of the verdict the last status recorded (the Ready condition
 // always carries it).
@@ -128,7 +140,7 @@ func previousReason(kvc *kvv1.KVCluster) string {
 
 // applyChildren applies every object the cluster owns. The membership ConfigMap goes before the
 // StatefulSet, whose pods read it when they start.
-func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, membership specs.Membership, replicas, voting int32) error {
+func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, obs observation, membership specs.Membership, replicas int32) error {
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: kvc.Namespace, Name: name} }
 	if err := applyOwned(ctx, r.Client, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc), corev1ac.ExtractService); err != nil {
 		return err
@@ -136,7 +148,7 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	if err := applyOwned(ctx, r.Client, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc), corev1ac.ExtractService); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, voting),
+	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, disruptionBase(kvc, obs)),
 		policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return err
 	}
@@ -144,8 +156,12 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 		specs.MembershipConfigMap(kvc, membership), corev1ac.ExtractConfigMap); err != nil {
 		return err
 	}
-	images := specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage}
-	return applyOwned(ctx, r.Client, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, images, replicas), appsv1ac.ExtractStatefulSet)
+	set := specs.MemberSet{
+		Images:           specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage},
+		Replicas:         replicas,
+		UnlabelledClaims: obs.stsClaimsUnlabelled,
+	}
+	return applyOwned(ctx, r.Client, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet)
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when

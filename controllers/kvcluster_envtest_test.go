@@ -507,7 +507,9 @@ func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 		{name: "ok: only a memory limit", mutate: resources(corev1.ResourceList{"cpu": q("1")}, corev1.ResourceList{"memory": q("1Gi")})},
 		{name: "credentials Secret that is not a name", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.CredentialsSecret = "S3 Credentials" },
 			wantErr: "spec.backup.s3.credentialsSecret"},
-		{name: "claim that is not a name", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "../backups"}} },
+		{name: "claim that is not a name", mutate: func(k *kvv1.KVCluster) {
+			k.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "../backups"}}
+		},
 			wantErr: "spec.backup.pvc.claimName"},
 		{name: "restore claim that is not a name", mutate: func(k *kvv1.KVCluster) {
 			k.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "Backups"}, Key: "ns/kv/kv-final.db"}

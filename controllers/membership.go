@@ -25,6 +25,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	var sts appsv1.StatefulSet
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts); {
 	case err == nil:
+		obs.stsClaimsUnlabelled = len(sts.Spec.VolumeClaimTemplates) > 0 && sts.Spec.VolumeClaimTemplates[0].Labels[specs.ClusterUIDLabel] == ""
 		obs.readyMembers = sts.Status.ReadyReplicas
 		obs.stsReplicas = sts.Spec.Replicas
 		obs.stsSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""

@@ -58,6 +58,11 @@ type observation struct {
 	preUpgradeBackup jobState
 	// rollout is the plan for changing a running cluster.
 	rollout rollout
+	// foreignChildren and leftoverClaims are objects the cluster needs that belong to someone
+	// else; while there are any, nothing is written but status.
+	foreignChildren, leftoverClaims []string
+	// stsClaimsUnlabelled: the StatefulSet was made by a release that did not label claims.
+	stsClaimsUnlabelled bool
 }
 
 func (o observation) outdatedPods() int {
@@ -175,6 +180,13 @@ func orUnknown(s string) string {
 
 // failed keeps the cluster Failed until a person changes the spec, or the cluster heals itself.
 func failed(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+	if c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionStalled); c != nil &&
+		(c.Reason == ReasonObjectConflict || c.Reason == ReasonLeftoverVolumes) { // and it is resolved
+		if bootstrapped(kvc, obs) {
+			return ready(kvc, obs, now)
+		}
+		return verdict{kvv1.PhaseCreating, ReasonCreating, "the conflicting objects are gone; creating: " + obs.summary(kvc), pollWhileProgressing}
+	}
 	if kvc.Generation != kvc.Status.ObservedGeneration {
 		phase := kvv1.PhaseCreating
 		if bootstrapped(kvc, obs) {
@@ -214,7 +226,10 @@ func decide(kvc *kvv1.KVCluster, obs observation, endpoint string, now time.Time
 	if !ok { // a new cluster, or a phase this release does not drive
 		fn = creating
 	}
-	v := fn(kvc, obs, now)
+	v, blocked := blockedVerdict(kvc, obs)
+	if !blocked {
+		v = fn(kvc, obs, now)
+	}
 
 	st := *kvc.Status.DeepCopy()
 	st.ObservedGeneration = kvc.Generation

@@ -88,7 +88,8 @@ func (s *memberSim) sync() {
 		if _, ok := s.uids[name]; ok {
 			continue
 		}
-		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: specs.DataClaimName(s.kvc, ord), Labels: specs.Labels(s.kvc)},
+		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: specs.DataClaimName(s.kvc, ord),
+			Labels: sts.Spec.VolumeClaimTemplates[0].Labels},
 			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: specs.StorageSize(s.kvc)}}}}
 		if err := h.client.Create(ctx, claim); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,20 +18,25 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 // The envtest suite runs a real kube-apiserver and etcd (no kubelet, no controllers): what the
@@ -274,15 +280,52 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := client.New(operatorConfig, client.Options{Scheme: scheme})
+	op, err := client.NewWithWatch(operatorConfig, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, client: c, members: &fakeMembers{}, clock: clocktesting.NewFakePassiveClock(time.Now()),
 		recorder: events.NewFakeRecorder(100)}
-	h.r = &KVClusterReconciler{Client: op, Recorder: h.recorder, Members: h.members, Clock: h.clock,
+	h.r = &KVClusterReconciler{Client: labelScoped(op), APIReader: op, Recorder: h.recorder, Members: h.members, Clock: h.clock,
 		BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test"}
 	return h
+}
+
+// labelScoped reads like the manager's cache: of the kinds the operator owns, it sees only the
+// objects labelled as the operator's (cmd/kvcluster-operator selects its cache on that label).
+func labelScoped(c client.WithWatch) client.WithWatch {
+	visible := func(obj client.Object) bool {
+		if _, isKVC := obj.(*kvv1.KVCluster); isKVC {
+			return true
+		}
+		return obj.GetLabels()[specs.ManagedByLabel] == specs.ManagedByValue
+	}
+	return interceptor.NewClient(c, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if err := c.Get(ctx, key, obj, opts...); err != nil {
+				return err
+			}
+			if !visible(obj) {
+				gvk, _ := apiutil.GVKForObject(obj, scheme)
+				return apierrors.NewNotFound(schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind) + "s"}, key.Name)
+			}
+			return nil
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := c.List(ctx, list, opts...); err != nil {
+				return err
+			}
+			if _, isKVC := list.(*kvv1.KVClusterList); isKVC {
+				return nil
+			}
+			items, err := meta.ExtractList(list)
+			if err != nil {
+				return err
+			}
+			items = slices.DeleteFunc(items, func(o runtime.Object) bool { return !visible(o.(client.Object)) })
+			return meta.SetList(list, items)
+		},
+	})
 }
 
 // restartOperator replaces the reconciler by a new one that remembers nothing.

@@ -461,6 +461,10 @@ const (
 const (
 	// AnnotationSkipFinalBackup: "true" deletes the KVCluster without the final backup.
 	AnnotationSkipFinalBackup = "kvcluster.io/skip-final-backup"
+	// AnnotationAdoptVolumes: "true" lets a new KVCluster start its members on data claims that
+	// exist already and were not made for it (e.g. retained from a deleted cluster of the same
+	// name). Never with spec.restore: a restore starts on empty volumes only.
+	AnnotationAdoptVolumes = "kvcluster.io/adopt-volumes"
 	// FinalizerFinalBackup holds deletion until the final backup finished (or was given up).
 	FinalizerFinalBackup = "kvcluster.io/final-backup"
 )

@@ -80,6 +80,7 @@ func main() {
 	}
 	r := &controllers.KVClusterReconciler{
 		Client:         mgr.GetClient(),
+		APIReader:      mgr.GetAPIReader(),
 		Recorder:       mgr.GetEventRecorder(specs.FieldManager),
 		Members:        members.EtcdClient{Timeout: *etcdTimeout},
 		Clock:          clock.RealClock{},

@@ -122,8 +122,15 @@ func TestStatefulSet(t *testing.T) {
 	kvc := cluster(3)
 	kvc.Spec.Storage = kvv1.StorageSpec{Size: resource.MustParse("2Gi"), StorageClassName: "fast"}
 	kvc.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}
-	sts := StatefulSet(kvc, Images{}, 3)
+	sts := StatefulSet(kvc, MemberSet{Replicas: 3})
 	spec := sts.Spec
+	if got := spec.VolumeClaimTemplates[0].Labels[ClusterUIDLabel]; got != "uid-1" {
+		t.Errorf("claims are labelled with cluster UID %q, want uid-1: a re-created cluster must recognise leftovers", got)
+	}
+	legacy := StatefulSet(kvc, MemberSet{Replicas: 3, UnlabelledClaims: true})
+	if _, ok := legacy.Spec.VolumeClaimTemplates[0].Labels[ClusterUIDLabel]; ok {
+		t.Error("the claim template of an earlier release's StatefulSet cannot change")
+	}
 
 	if *spec.Replicas != 3 || *spec.ServiceName != "kv-peer" {
 		t.Errorf("replicas/serviceName = %d/%s", *spec.Replicas, *spec.ServiceName)
@@ -204,7 +211,7 @@ func TestStatefulSet(t *testing.T) {
 }
 
 func TestStatefulSetDefaultsStorage(t *testing.T) {
-	sts := StatefulSet(cluster(1), Images{}, 1)
+	sts := StatefulSet(cluster(1), MemberSet{Replicas: 1})
 	pvc := sts.Spec.VolumeClaimTemplates[0]
 	if pvc.Spec.StorageClassName != nil {
 		t.Errorf("an empty storageClassName must use the cluster default, got %q", *pvc.Spec.StorageClassName)
@@ -216,7 +223,7 @@ func TestStatefulSetDefaultsStorage(t *testing.T) {
 
 func TestStatefulSetRestoresFromABackup(t *testing.T) {
 	kvc := cluster(3)
-	if sts := StatefulSet(kvc, Images{Operator: "op:1"}, 3); len(sts.Spec.Template.Spec.InitContainers) != 0 {
+	if sts := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3}); len(sts.Spec.Template.Spec.InitContainers) != 0 {
 		t.Fatal("a cluster without spec.restore must not restore")
 	}
 	kvc.Spec.Restore = &kvv1.RestoreSpec{
@@ -224,7 +231,7 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 		Key:    "team/prod/kv/kv-final.db",
 		SHA256: strings.Repeat("0f", 32),
 	}
-	pod := StatefulSet(kvc, Images{Operator: "op:1"}, 3).Spec.Template.Spec
+	pod := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3}).Spec.Template.Spec
 	if len(pod.InitContainers) != 2 {
 		t.Fatalf("init containers = %d, want fetch and apply", len(pod.InitContainers))
 	}
@@ -345,7 +352,7 @@ func TestBackupAndRestoreOnAPersistentVolumeClaim(t *testing.T) {
 	}
 
 	kvc.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}, Key: "etcd/prod/old/old-final.db"}
-	sts := StatefulSet(kvc, Images{Operator: "op:1"}, 3).Spec.Template.Spec
+	sts := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3}).Spec.Template.Spec
 	fetch := sts.InitContainers[0]
 	if len(sts.Volumes) != 2 || *sts.Volumes[1].PersistentVolumeClaim.ClaimName != "backup-volume" || !*sts.Volumes[1].PersistentVolumeClaim.ReadOnly {
 		t.Errorf("the restore must mount the claim read-only: %+v", sts.Volumes)

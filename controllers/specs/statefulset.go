@@ -42,14 +42,25 @@ type Images struct {
 	Operator       string
 }
 
-// replicas is how many members the operator lets run: during membership changes it moves one
-// member at a time, ahead of or behind spec.partitions.
-func StatefulSet(kvc *kvv1.KVCluster, img Images, replicas int32) *appsv1ac.StatefulSetApplyConfiguration {
+// MemberSet is what the StatefulSet depends on besides the KVCluster.
+type MemberSet struct {
+	Images Images
+	// Replicas is how many members the operator lets run: during membership changes it moves one
+	// member at a time, ahead of or behind spec.partitions.
+	Replicas int32
+	// UnlabelledClaims keeps the claim template of a StatefulSet made by an earlier release, whose
+	// claims do not carry the cluster's UID: a StatefulSet's claim templates cannot change.
+	UnlabelledClaims bool
+}
+
+// StatefulSet runs the members.
+func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyConfiguration {
+	img := set.Images
 	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
 		WithLabels(Labels(kvc)).
 		WithOwnerReferences(OwnerReference(kvc)).
 		WithSpec(appsv1ac.StatefulSetSpec().
-			WithReplicas(replicas).
+			WithReplicas(set.Replicas).
 			WithServiceName(PeerServiceName(kvc)).
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))).
 			WithPodManagementPolicy(appsv1.ParallelPodManagement).
@@ -58,7 +69,7 @@ func StatefulSet(kvc *kvv1.KVCluster, img Images, replicas int32) *appsv1ac.Stat
 				WithWhenDeleted(appsv1.RetainPersistentVolumeClaimRetentionPolicyType).
 				WithWhenScaled(appsv1.DeletePersistentVolumeClaimRetentionPolicyType)).
 			WithTemplate(podTemplate(kvc, img)).
-			WithVolumeClaimTemplates(volumeClaimTemplate(kvc)))
+			WithVolumeClaimTemplates(volumeClaimTemplate(kvc, !set.UnlabelledClaims)))
 }
 
 func podTemplate(kvc *kvv1.KVCluster, img Images) *corev1ac.PodTemplateSpecApplyConfiguration {
@@ -161,7 +172,11 @@ func StorageSize(kvc *kvv1.KVCluster) resource.Quantity {
 	return kvc.Spec.Storage.Size
 }
 
-func volumeClaimTemplate(kvc *kvv1.KVCluster) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+// ClusterUIDLabel on a member's claim names the KVCluster incarnation it was made for, so a
+// cluster re-created under the same name recognises the volumes an earlier one left behind.
+const ClusterUIDLabel = "kvcluster.io/cluster-uid"
+
+func volumeClaimTemplate(kvc *kvv1.KVCluster, labelUID bool) *corev1ac.PersistentVolumeClaimApplyConfiguration {
 	spec := corev1ac.PersistentVolumeClaimSpec().
 		WithAccessModes(corev1.ReadWriteOnce).
 		WithVolumeMode(corev1.PersistentVolumeFilesystem).
@@ -173,9 +188,13 @@ func volumeClaimTemplate(kvc *kvv1.KVCluster) *corev1ac.PersistentVolumeClaimApp
 	// A template carries no namespace: the constructor would set an empty one. volumeClaimTemplates
 	// is an atomic list, so the values the API server defaults inside it (volumeMode, status.phase)
 	// become ours; stating them keeps the desired object equal to the stored one.
+	labels := Labels(kvc)
+	if labelUID {
+		labels[ClusterUIDLabel] = string(kvc.UID)
+	}
 	return (&corev1ac.PersistentVolumeClaimApplyConfiguration{}).
 		WithName(dataVolume).
-		WithLabels(Labels(kvc)).
+		WithLabels(labels).
 		WithSpec(spec).
 		WithStatus(corev1ac.PersistentVolumeClaimStatus().WithPhase(corev1.ClaimPending))
 }

@@ -1,0 +1,148 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// Verdict reasons for objects the operator needs but may not touch.
+const (
+	ReasonObjectConflict  = "ObjectConflict"
+	ReasonLeftoverVolumes = "LeftoverVolumes"
+)
+
+// lookup reads an object from the cache and, when the cache lacks it, from the API server: the
+// cache holds only objects labelled as the operator's, so an object someone else created under a
+// name the operator derives would otherwise look absent and be taken over by the next apply.
+func (r *KVClusterReconciler) lookup(ctx context.Context, key client.ObjectKey, obj client.Object) (bool, error) {
+	err := r.Client.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		err = r.APIReader.Get(ctx, key, obj)
+	}
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("get %T %s: %w", obj, key, err)
+}
+
+// controlledBy reports whether this incarnation of the KVCluster controls obj.
+func controlledBy(obj metav1.Object, kvc *kvv1.KVCluster) bool {
+	ref := metav1.GetControllerOf(obj)
+	return ref != nil && ref.UID == kvc.UID
+}
+
+// foreignChildren lists the objects the cluster would own that exist and belong to someone else:
+// an unrelated Service named <name>-client, or what an earlier KVCluster of the same name left
+// while the garbage collector removes it. None of them may be written.
+func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVCluster) ([]string, error) {
+	children := []struct {
+		kind, name string
+		obj        client.Object
+	}{
+		{"Service", specs.PeerServiceName(kvc), &corev1.Service{}},
+		{"Service", specs.ClientServiceName(kvc), &corev1.Service{}},
+		{"PodDisruptionBudget", kvc.Name, &policyv1.PodDisruptionBudget{}},
+		{"ConfigMap", specs.MembershipConfigMapName(kvc), &corev1.ConfigMap{}},
+		{"StatefulSet", kvc.Name, &appsv1.StatefulSet{}},
+	}
+	var foreign []string
+	for _, c := range children {
+		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: c.name}, c.obj)
+		if err != nil {
+			return nil, err
+		}
+		if found && !controlledBy(c.obj, kvc) {
+			foreign = append(foreign, c.kind+" "+c.name+" ("+ownerOf(c.obj)+")")
+		}
+	}
+	return foreign, nil
+}
+
+func ownerOf(obj metav1.Object) string {
+	if ref := metav1.GetControllerOf(obj); ref != nil {
+		return fmt.Sprintf("controlled by %s %s, uid %s", ref.Kind, ref.Name, ref.UID)
+	}
+	return "not created by this KVCluster"
+}
+
+// leftoverClaims lists the data claims, among those of every member the cluster has or may get,
+// that exist and were not made for this KVCluster: volumes retained from an earlier cluster of
+// the same name, or created by hand. The StatefulSet would adopt them and its members would start
+// on their data (a restore would be skipped, since the member has data).
+func (r *KVClusterReconciler) leftoverClaims(ctx context.Context, kvc *kvv1.KVCluster, obs observation) ([]string, error) {
+	if kvc.Annotations[kvv1.AnnotationAdoptVolumes] == "true" && kvc.Spec.Restore == nil {
+		return nil, nil
+	}
+	n := int(kvc.Spec.Partitions)
+	if obs.stsReplicas != nil {
+		n = max(n, int(*obs.stsReplicas))
+	}
+	for _, m := range kvc.Status.Members {
+		if ord, ok := specs.OrdinalOfMember(kvc, m.Name); ok {
+			n = max(n, ord+1)
+		}
+	}
+	var leftover []string
+	for ord := range n {
+		var claim corev1.PersistentVolumeClaim
+		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.DataClaimName(kvc, ord)}, &claim)
+		if err != nil {
+			return nil, err
+		}
+		if found && !claimBelongs(kvc, &claim) {
+			leftover = append(leftover, claim.Name)
+		}
+	}
+	return leftover, nil
+}
+
+// claimBelongs: a member of this cluster was seen healthy on the claim; or the claim carries this
+// cluster's UID (claims of StatefulSets from this release on do); or, unlabelled (made by an
+// earlier release, or by hand), it was created after this cluster was.
+func claimBelongs(kvc *kvv1.KVCluster, claim *corev1.PersistentVolumeClaim) bool {
+	if slices.ContainsFunc(kvc.Status.Members, func(m kvv1.MemberStatus) bool { return m.VolumeUID == string(claim.UID) }) {
+		return true
+	}
+	if uid, ok := claim.Labels[specs.ClusterUIDLabel]; ok {
+		return uid == string(kvc.UID)
+	}
+	return !claim.CreationTimestamp.Before(&kvc.CreationTimestamp)
+}
+
+// blockedVerdict stops a cluster that needs objects it may not write, saying what to do.
+func blockedVerdict(kvc *kvv1.KVCluster, obs observation) (verdict, bool) {
+	switch {
+	case len(obs.foreignChildren) > 0:
+		return verdict{kvv1.PhaseFailed, ReasonObjectConflict, fmt.Sprintf(
+			"objects this cluster needs exist and belong to someone else, so nothing is written: %s. "+
+				"Rename or delete them (an earlier KVCluster's are removed by the garbage collector shortly), or choose another name for this KVCluster",
+			strings.Join(obs.foreignChildren, "; ")), pollWhileFailed}, true
+	case len(obs.leftoverClaims) > 0 && kvc.Spec.Restore != nil:
+		return verdict{kvv1.PhaseFailed, ReasonLeftoverVolumes, fmt.Sprintf(
+			"volume claims %s already exist and were not made for this KVCluster (an earlier cluster of the same name, or created by hand): "+
+				"its members would start on their data instead of restoring %s. Delete them (kubectl delete pvc -n %s %s) to restore into new volumes",
+			strings.Join(obs.leftoverClaims, ", "), kvc.Spec.Restore.Key, kvc.Namespace, strings.Join(obs.leftoverClaims, " ")), pollWhileFailed}, true
+	case len(obs.leftoverClaims) > 0:
+		return verdict{kvv1.PhaseFailed, ReasonLeftoverVolumes, fmt.Sprintf(
+			"volume claims %s already exist and were not made for this KVCluster (an earlier cluster of the same name, or created by hand): "+
+				"its members would silently start on their data. Delete them (kubectl delete pvc -n %s %s) to start empty, "+
+				"or annotate the KVCluster %s=true to start on that data",
+			strings.Join(obs.leftoverClaims, ", "), kvc.Namespace, strings.Join(obs.leftoverClaims, " "), kvv1.AnnotationAdoptVolumes), pollWhileFailed}, true
+	}
+	return verdict{}, false
+}
