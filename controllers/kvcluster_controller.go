@@ -159,6 +159,7 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	set := specs.MemberSet{
 		Images:           specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage},
 		Replicas:         replicas,
+		Bootstrapping:    !bootstrapped(kvc, obs),
 		UnlabelledClaims: obs.stsClaimsUnlabelled,
 	}
 	return applyOwned(ctx, r.Client, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet)

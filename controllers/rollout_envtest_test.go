@@ -603,3 +603,52 @@ func TestAnUnknownMemberIsReportedAndLeftAlone(t *testing.T) {
 		t.Errorf("events = %q, want one Warning %s", ev, ReasonUnknownMember)
 	}
 }
+
+// TestRestoreSourceIsOnlyUsedAtBootstrap: members restore the backup only while the cluster
+// forms. Afterwards no member may need the backup's store: not its credentials (a deleted Secret
+// would keep a replaced member from starting) nor its claim (a ReadWriteOnce claim mounted into
+// every member keeps members on other nodes from starting). The members restarted onto the new
+// template one at a time.
+func TestRestoreSourceIsOnlyUsedAtBootstrap(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("restoresrc")
+	kvc := newKVCluster(ns, "kv", 3)
+	kvc.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backups"}, Key: "ns/kv/uid/kv-final-20261130T101500Z.db"}
+	h.create(kvc)
+	h.members.set(members.Cluster{}, errNoQuorum)
+	h.reconcile(kvc)
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	if len(sts.Spec.Template.Spec.InitContainers) != 2 || !mountsClaim(sts.Spec.Template.Spec, "backups") {
+		t.Fatalf("a forming cluster's members restore the backup: init containers %d, volumes %+v",
+			len(sts.Spec.Template.Spec.InitContainers), sts.Spec.Template.Spec.Volumes)
+	}
+
+	sim := h.simulate(kvc)
+	sim.sync()
+	h.members.set(fakeEtcd(kvc, 3, "3.7.3"), nil)
+	var steps []string
+	for i, idle := 0, 0; i < 20 && idle < 2; i++ { // until two steps in a row change nothing on a Ready cluster
+		step := sim.step()
+		steps = append(steps, step...)
+		if idle++; len(step) > 0 || h.fresh(kvc).Status.Phase != kvv1.PhaseReady {
+			idle = 0
+		}
+	}
+	h.get(&sts, ns, "kv")
+	if spec := sts.Spec.Template.Spec; len(spec.InitContainers) != 0 || mountsClaim(spec, "backups") {
+		t.Errorf("after bootstrap the members still need the backup: %d init containers, backup claim mounted: %t", len(spec.InitContainers), mountsClaim(spec, "backups"))
+	}
+	if want := []string{"restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}; !slices.Equal(steps, want) {
+		t.Errorf("steps = %v, want %v", steps, want)
+	}
+	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseReady {
+		t.Errorf("phase %s, want Ready", got.Status.Phase)
+	}
+}
+
+func mountsClaim(pod corev1.PodSpec, claim string) bool {
+	return slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+		return v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim
+	})
+}

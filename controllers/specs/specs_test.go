@@ -223,7 +223,7 @@ func TestStatefulSetDefaultsStorage(t *testing.T) {
 
 func TestStatefulSetRestoresFromABackup(t *testing.T) {
 	kvc := cluster(3)
-	if sts := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3}); len(sts.Spec.Template.Spec.InitContainers) != 0 {
+	if sts := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3, Bootstrapping: true}); len(sts.Spec.Template.Spec.InitContainers) != 0 {
 		t.Fatal("a cluster without spec.restore must not restore")
 	}
 	kvc.Spec.Restore = &kvv1.RestoreSpec{
@@ -231,7 +231,7 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 		Key:    "team/prod/kv/kv-final.db",
 		SHA256: strings.Repeat("0f", 32),
 	}
-	pod := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3}).Spec.Template.Spec
+	pod := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3, Bootstrapping: true}).Spec.Template.Spec
 	if len(pod.InitContainers) != 2 {
 		t.Fatalf("init containers = %d, want fetch and apply", len(pod.InitContainers))
 	}
@@ -352,7 +352,7 @@ func TestBackupAndRestoreOnAPersistentVolumeClaim(t *testing.T) {
 	}
 
 	kvc.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}, Key: "etcd/prod/old/old-final.db"}
-	sts := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3}).Spec.Template.Spec
+	sts := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3, Bootstrapping: true}).Spec.Template.Spec
 	fetch := sts.InitContainers[0]
 	if len(sts.Volumes) != 2 || *sts.Volumes[1].PersistentVolumeClaim.ClaimName != "backup-volume" || !*sts.Volumes[1].PersistentVolumeClaim.ReadOnly {
 		t.Errorf("the restore must mount the claim read-only: %+v", sts.Volumes)

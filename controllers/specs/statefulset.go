@@ -48,6 +48,10 @@ type MemberSet struct {
 	// Replicas is how many members the operator lets run: during membership changes it moves one
 	// member at a time, ahead of or behind spec.partitions.
 	Replicas int32
+	// Bootstrapping: the cluster has not formed yet. Only then do members restore spec.restore's
+	// backup; members started later (scaled up, replaced, upgraded) join the running cluster
+	// and must not need the backup's store, its credentials or its claim.
+	Bootstrapping bool
 	// UnlabelledClaims keeps the claim template of a StatefulSet made by an earlier release, whose
 	// claims do not carry the cluster's UID: a StatefulSet's claim templates cannot change.
 	UnlabelledClaims bool
@@ -68,11 +72,11 @@ func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyC
 			WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
 				WithWhenDeleted(appsv1.RetainPersistentVolumeClaimRetentionPolicyType).
 				WithWhenScaled(appsv1.DeletePersistentVolumeClaimRetentionPolicyType)).
-			WithTemplate(podTemplate(kvc, img)).
+			WithTemplate(podTemplate(kvc, img, set.Bootstrapping)).
 			WithVolumeClaimTemplates(volumeClaimTemplate(kvc, !set.UnlabelledClaims)))
 }
 
-func podTemplate(kvc *kvv1.KVCluster, img Images) *corev1ac.PodTemplateSpecApplyConfiguration {
+func podTemplate(kvc *kvv1.KVCluster, img Images, bootstrapping bool) *corev1ac.PodTemplateSpecApplyConfiguration {
 	spec := corev1ac.PodTemplateSpec().
 		WithLabels(Labels(kvc)).
 		WithSpec(corev1ac.PodSpec().
@@ -92,7 +96,7 @@ func podTemplate(kvc *kvv1.KVCluster, img Images) *corev1ac.PodTemplateSpecApply
 						WithTopologyKey(corev1.LabelHostname).
 						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
 			WithContainers(etcdContainer(kvc, img.EtcdRepository)))
-	if kvc.Spec.Restore != nil {
+	if kvc.Spec.Restore != nil && bootstrapping {
 		spec.Spec.WithInitContainers(restoreInitContainers(kvc, img)...).WithVolumes(restoreVolumes(kvc)...)
 	}
 	return spec
