@@ -9,14 +9,18 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -41,6 +45,25 @@ type KVClusterReconciler struct {
 	EtcdRepository string
 	// BackupImage is the operator's own image, which backup Jobs run.
 	BackupImage string
+	// Workers is how many clusters are reconciled at once (one cluster is never reconciled twice
+	// at once): a cluster whose members answer slowly, or not at all, must not hold up the others.
+	Workers int
+}
+
+// CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
+// its own), not every Pod, Job or StatefulSet of the Kubernetes cluster.
+func CacheOptions() cache.Options {
+	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&appsv1.StatefulSet{}:           owned,
+		&corev1.Service{}:               owned,
+		&policyv1.PodDisruptionBudget{}: owned,
+		&batchv1.Job{}:                  owned,
+		&corev1.Pod{}:                   owned,
+		// Members' claims carry the labels of the StatefulSet's claim template.
+		&corev1.PersistentVolumeClaim{}: owned,
+		&corev1.ConfigMap{}:             owned,
+	}}
 }
 
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch
@@ -84,16 +107,22 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if obs.leftoverClaims, err = r.leftoverClaims(ctx, &kvc, obs); err != nil {
 		return ctrl.Result{}, err
 	}
+	// A failed apply does not stop the reconcile: status still says how the cluster is (and why
+	// the apply failed), and backups still run. Transient errors are returned at the end, so the
+	// reconcile is retried with backoff.
+	var applyErr error
 	if _, blocked := blockedVerdict(&kvc, obs); !blocked {
 		membership, replicas := desiredMembership(&kvc, obs)
-		if err := r.applyChildren(ctx, &kvc, obs, membership, replicas); err != nil {
-			return ctrl.Result{}, err
+		if err := r.applyChildren(ctx, &kvc, obs, membership, replicas); rejected(err) {
+			obs.applyRejected = err.Error()
+		} else {
+			applyErr = err
 		}
 	}
 	obs.rollout = planRollout(&kvc, obs)
 	status, v := decide(&kvc, obs, specs.ClientEndpoint(&kvc), now)
 	acted := false
-	if v.phase == kvv1.PhaseUpgrading {
+	if v.phase == kvv1.PhaseUpgrading && applyErr == nil { // a rollout step waits for the objects it builds on
 		if acted, err = r.act(ctx, &kvc, obs, obs.rollout); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -123,11 +152,17 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if untilBackup > 0 && untilBackup < requeue {
 		requeue = untilBackup
 	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
+	return ctrl.Result{RequeueAfter: requeue}, applyErr
+}
+
+// rejected: the API server refused a write for a reason that does not pass by itself (a
+// validating admission policy or webhook, a quota, missing permissions, an invalid object).
+func rejected(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) || apierrors.IsRequestEntityTooLargeError(err)
 }
 
 // warningReasons are verdicts that need a person even when the phase stays the same.
-var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true}
+var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true}
 
 // previousReason is the reason of the verdict the last status recorded (the Ready condition
 // always carries it).
@@ -176,6 +211,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&corev1.ConfigMap{}).
 		Owns(&batchv1.Job{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Named("kvcluster").
 		Complete(r)
 }

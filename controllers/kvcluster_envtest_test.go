@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -19,10 +20,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -538,5 +541,100 @@ func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 			tc.mutate(k)
 			checkAdmission(t, h.client.Create(ctx, k), tc.wantErr)
 		})
+	}
+}
+
+// denyStatefulSetChanges makes the API server refuse every change of the StatefulSets of ns, as a
+// platform's admission policy may, and waits until it does. It returns a function lifting it.
+func (h *harness) denyStatefulSetChanges(ns, sts string) func() {
+	h.t.Helper()
+	ctx := context.Background()
+	name := "deny-sts-" + ns
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{"apps"}, APIVersions: []string{"v1"}, Resources: []string{"statefulsets"}},
+				}}},
+			},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "StatefulSet changes are frozen by policy"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}},
+	}
+	for _, obj := range []client.Object{policy, binding} {
+		if err := h.client.Create(ctx, obj); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	probe := func() error {
+		var s appsv1.StatefulSet
+		h.get(&s, ns, sts)
+		s.Annotations = map[string]string{"probe": time.Now().String()}
+		return h.client.Update(ctx, &s)
+	}
+	for deadline := time.Now().Add(20 * time.Second); probe() == nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			h.t.Fatal("the admission policy did not take effect")
+		}
+	}
+	return func() {
+		if err := h.client.Delete(ctx, binding); err != nil {
+			h.t.Fatal(err)
+		}
+		for deadline := time.Now().Add(20 * time.Second); probe() != nil; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				h.t.Fatal("the admission policy was not lifted")
+			}
+		}
+	}
+}
+
+// TestARejectedApplyIsReportedAndBackupsGoOn: when the API server refuses the cluster's objects
+// (an admission policy, a quota), status says why and scheduled backups still run; once the
+// refusal is lifted, the cluster goes on.
+func TestARejectedApplyIsReportedAndBackupsGoOn(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("rejected")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 3), "*/5 * * * *"))
+	slot := kvc.Status.NextBackupTime.Time
+	lift := h.denyStatefulSetChanges(ns, "kv")
+
+	h.setSpec(kvc, func(k *kvv1.KVCluster) {
+		k.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")}}
+	})
+	h.clock.SetTime(slot.Add(10 * time.Second))
+	h.reconcile(kvc) // fails the test if the reconcile returns an error
+	got := h.fresh(kvc)
+	stalled := findCondition(got, kvv1.ConditionStalled)
+	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != ReasonApplyRejected || !strings.Contains(stalled.Message, "frozen by policy") {
+		t.Errorf("phase %s, Stalled %+v; want Failed, ApplyRejected with the API server's words", got.Status.Phase, stalled)
+	}
+	if got.Status.ObservedGeneration != got.Generation {
+		t.Errorf("status describes generation %d, want %d", got.Status.ObservedGeneration, got.Generation)
+	}
+	if jobs := h.backupJobs(kvc); len(jobs) != 1 || jobs[0].Name != backup.JobName("kv", slot) {
+		t.Errorf("backup Jobs = %v, want the slot's backup although the StatefulSet cannot be changed", names(jobs))
+	}
+	if ev := drainEvents(h); strings.Count(ev, "Warning "+ReasonApplyRejected) != 1 {
+		t.Errorf("events = %q, want one Warning %s", ev, ReasonApplyRejected)
+	}
+
+	lift()
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseFailed {
+		t.Errorf("still Failed after the refusal was lifted: %+v", findCondition(got, kvv1.ConditionStalled))
+	}
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	if r := sts.Spec.Template.Spec.Containers[0].Resources.Requests.Memory(); r.String() != "128Mi" {
+		t.Errorf("the StatefulSet was not brought to the spec once allowed: requests %v", r)
 	}
 }

@@ -98,7 +98,10 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		obs.etcdErr = fmt.Errorf("no member pods exist yet")
 		return obs, nil
 	}
-	cluster, err := r.Members.Cluster(ctx, clientURLs(kvc, obs))
+	cluster, err := r.Members.Cluster(ctx, clientURLs(kvc, obs), func(m members.Member) (string, bool) {
+		ord, ok := memberOrdinal(kvc, m)
+		return specs.MemberClientURL(kvc, ord), ok
+	})
 	if err != nil {
 		obs.etcdErr = err
 		return obs, nil

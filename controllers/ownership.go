@@ -21,7 +21,11 @@ import (
 const (
 	ReasonObjectConflict  = "ObjectConflict"
 	ReasonLeftoverVolumes = "LeftoverVolumes"
+	ReasonApplyRejected   = "ApplyRejected"
 )
+
+// blockingReasons are the verdicts of blockedVerdict: they end by themselves once the cause is gone.
+var blockingReasons = map[string]bool{ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true}
 
 // lookup reads an object from the cache and, when the cache lacks it, from the API server: the
 // cache holds only objects labelled as the operator's, so an object someone else created under a
@@ -143,6 +147,9 @@ func blockedVerdict(kvc *kvv1.KVCluster, obs observation) (verdict, bool) {
 				"its members would silently start on their data. Delete them (kubectl delete pvc -n %s %s) to start empty, "+
 				"or annotate the KVCluster %s=true to start on that data",
 			strings.Join(obs.leftoverClaims, ", "), kvc.Namespace, strings.Join(obs.leftoverClaims, " "), kvv1.AnnotationAdoptVolumes), pollWhileFailed}, true
+	case obs.applyRejected != "":
+		return verdict{kvv1.PhaseFailed, ReasonApplyRejected, "the API server refused to apply this cluster's objects: " + obs.applyRejected +
+			". Fix the cause (an admission policy, a quota, the operator's permissions) or the spec; the operator retries", pollWhileFailed}, true
 	}
 	return verdict{}, false
 }

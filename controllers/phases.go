@@ -61,6 +61,8 @@ type observation struct {
 	// foreignChildren and leftoverClaims are objects the cluster needs that belong to someone
 	// else; while there are any, nothing is written but status.
 	foreignChildren, leftoverClaims []string
+	// applyRejected is why the API server refused to apply the cluster's objects.
+	applyRejected string
 	// stsClaimsUnlabelled: the StatefulSet was made by a release that did not label claims.
 	stsClaimsUnlabelled bool
 }
@@ -180,12 +182,11 @@ func orUnknown(s string) string {
 
 // failed keeps the cluster Failed until a person changes the spec, or the cluster heals itself.
 func failed(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
-	if c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionStalled); c != nil &&
-		(c.Reason == ReasonObjectConflict || c.Reason == ReasonLeftoverVolumes) { // and it is resolved
+	if c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionStalled); c != nil && blockingReasons[c.Reason] { // and it is resolved
 		if bootstrapped(kvc, obs) {
 			return ready(kvc, obs, now)
 		}
-		return verdict{kvv1.PhaseCreating, ReasonCreating, "the conflicting objects are gone; creating: " + obs.summary(kvc), pollWhileProgressing}
+		return verdict{kvv1.PhaseCreating, ReasonCreating, "resuming: " + obs.summary(kvc), pollWhileProgressing}
 	}
 	if kvc.Generation != kvc.Status.ObservedGeneration {
 		phase := kvv1.PhaseCreating

@@ -254,7 +254,7 @@ func (f *fakeMembers) set(c members.Cluster, err error) {
 	f.cluster, f.err = c, err
 }
 
-func (f *fakeMembers) Cluster(context.Context, []string) (members.Cluster, error) {
+func (f *fakeMembers) Cluster(context.Context, []string, func(members.Member) (string, bool)) (members.Cluster, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.cluster

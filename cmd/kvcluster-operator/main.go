@@ -7,16 +7,10 @@ import (
 	"os"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -42,6 +36,7 @@ func main() {
 		etcdRepository = flag.String("etcd-repository", specs.DefaultEtcdRepository, "etcd image repository for KVClusters that do not set spec.repository (e.g. a mirror)")
 		etcdTimeout    = flag.Duration("etcd-timeout", 5*time.Second, "bound of one query of an etcd cluster's members")
 		backupImage    = flag.String("backup-image", os.Getenv("OPERATOR_IMAGE"), "the operator's own image, which backup Jobs run (default: $OPERATOR_IMAGE)")
+		workers        = flag.Int("max-concurrent-reconciles", 8, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others")
 	)
 	opts := zap.Options{Development: false}
 	opts.BindFlags(flag.CommandLine)
@@ -53,8 +48,6 @@ func main() {
 	must(clientgoscheme.AddToScheme(scheme))
 	must(kvv1.AddToScheme(scheme))
 
-	// The cache holds only objects the operator owns, not every Pod or StatefulSet of the cluster.
-	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
@@ -63,16 +56,7 @@ func main() {
 		LeaderElectionID:        "kvcluster-operator.kvcluster.io",
 		LeaderElectionNamespace: *leaderNS,
 		Client:                  client.Options{FieldOwner: specs.FieldManager},
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&appsv1.StatefulSet{}:           owned,
-			&corev1.Service{}:               owned,
-			&policyv1.PodDisruptionBudget{}: owned,
-			&batchv1.Job{}:                  owned,
-			&corev1.Pod{}:                   owned,
-			// Members' claims carry the labels of the StatefulSet's claim template.
-			&corev1.PersistentVolumeClaim{}: owned,
-			&corev1.ConfigMap{}:             owned,
-		}},
+		Cache:                   controllers.CacheOptions(),
 	})
 	if err != nil {
 		log.Error(err, "cannot create the manager")
@@ -86,6 +70,7 @@ func main() {
 		Clock:          clock.RealClock{},
 		EtcdRepository: *etcdRepository,
 		BackupImage:    *backupImage,
+		Workers:        *workers,
 	}
 	if r.BackupImage == "" {
 		log.Error(nil, "--backup-image (or OPERATOR_IMAGE) is required: backup Jobs run the operator's own image")

@@ -81,7 +81,11 @@ func (c Cluster) Leader() (Member, bool) {
 // Client reads a cluster's membership and health, and changes its membership, through the
 // members' client URLs.
 type Client interface {
-	Cluster(ctx context.Context, endpoints []string) (Cluster, error)
+	// Cluster reads the member list through endpoints, then asks each member for its status at the
+	// URL urlOf gives: members urlOf does not know are not asked (and count as not healthy). A
+	// member's self-advertised URL is never dialled: what a member's image advertises must not
+	// decide where the operator connects.
+	Cluster(ctx context.Context, endpoints []string, urlOf func(Member) (string, bool)) (Cluster, error)
 	// MoveLeader asks the leader, at leaderEndpoint, to hand leadership to the member to.
 	MoveLeader(ctx context.Context, leaderEndpoint string, to uint64) error
 	// AddLearner adds a non-voting member with the given peer URL and returns its ID.
@@ -119,6 +123,11 @@ func classify(err error) error {
 // memberStatusTimeout bounds the status request to one member.
 const memberStatusTimeout = 2 * time.Second
 
+// maxResponseBytes bounds every answer read from a member. The operator's requests (member list,
+// status, membership changes) are answered in a few kilobytes; a member answering more is broken
+// or hostile and must not exhaust the operator's memory, which every cluster shares.
+const maxResponseBytes = 256 << 10
+
 // EtcdClient is the Client talking to real etcd members.
 type EtcdClient struct {
 	// Timeout bounds the whole query.
@@ -127,7 +136,7 @@ type EtcdClient struct {
 
 // Cluster lists the members with a linearizable request (which only a quorum can answer), then
 // asks each member for its own status.
-func (e EtcdClient) Cluster(ctx context.Context, endpoints []string) (Cluster, error) {
+func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(Member) (string, bool)) (Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout())
 	defer cancel()
 	cli, err := e.connect(ctx, endpoints)
@@ -146,13 +155,14 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string) (Cluster, e
 	var wg sync.WaitGroup
 	for i, m := range list.Members {
 		out.Members[i] = Member{ID: m.ID, Name: m.Name, Learner: m.IsLearner, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs}
-		if len(m.ClientURLs) == 0 {
+		url, known := urlOf(out.Members[i])
+		if len(m.ClientURLs) == 0 || !known { // not started yet, or none of the cluster's pods
 			continue
 		}
 		wg.Go(func() {
 			mctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
 			defer cancel()
-			st, err := cli.Status(mctx, m.ClientURLs[0])
+			st, err := cli.Status(mctx, url)
 			if err != nil {
 				return
 			}
@@ -183,10 +193,11 @@ func (e EtcdClient) timeout() time.Duration {
 
 func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: e.timeout(),
-		Logger:      zap.NewNop(),
-		Context:     ctx,
+		Endpoints:          endpoints,
+		DialTimeout:        e.timeout(),
+		Logger:             zap.NewNop(),
+		Context:            ctx,
+		MaxCallRecvMsgSize: maxResponseBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to etcd at %s: %w", strings.Join(endpoints, ","), err)

@@ -1,0 +1,110 @@
+package controllers
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// hangingMembers stands in for etcd clusters whose members never answer (a frozen process, a
+// black-holed network): asking a cluster whose endpoints contain hang blocks until released.
+type hangingMembers struct {
+	fakeMembers
+	hang    string
+	asked   chan struct{}
+	release chan struct{}
+}
+
+func (m *hangingMembers) Cluster(ctx context.Context, endpoints []string, _ func(members.Member) (string, bool)) (members.Cluster, error) {
+	if slices.ContainsFunc(endpoints, func(e string) bool { return strings.Contains(e, m.hang) }) {
+		select {
+		case m.asked <- struct{}{}:
+		default:
+		}
+		select {
+		case <-m.release:
+		case <-ctx.Done():
+		}
+	}
+	return members.Cluster{}, errNoQuorum
+}
+
+// startManager runs the reconciler in a real manager, with the cache configured as the operator
+// binary configures it, as the operator's ServiceAccount.
+func startManager(t *testing.T, etcd members.Client) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(operatorConfig, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Client:                 client.Options{FieldOwner: specs.FieldManager},
+		Cache:                  CacheOptions(),
+		// Each test starts its own manager with the same controller name.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &KVClusterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(specs.FieldManager),
+		Members: etcd, Clock: clock.RealClock{}, BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test", Workers: 8}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// TestOneHangingClusterDoesNotHoldUpTheOthers: clusters are reconciled side by side, so a cluster
+// whose members never answer delays no other cluster.
+func TestOneHangingClusterDoesNotHoldUpTheOthers(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("workers")
+	etcd := &hangingMembers{hang: "frozen-", asked: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(etcd.release)
+	startManager(t, etcd)
+
+	frozen := newKVCluster(ns, "frozen", 1)
+	h.create(frozen)
+	// Once its StatefulSet reports a member, the operator asks etcd about the cluster.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if err := h.client.Get(context.Background(), client.ObjectKeyFromObject(frozen), &appsv1.StatefulSet{}); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no StatefulSet for the frozen cluster: %v", err)
+		}
+	}
+	h.setMembersReady(frozen, 0)
+	select {
+	case <-etcd.asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the frozen cluster was never reconciled")
+	}
+	other := newKVCluster(ns, "other", 1)
+	h.create(other)
+	for deadline := time.Now().Add(30 * time.Second); h.fresh(other).Status.Phase != kvv1.PhaseCreating; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("while one cluster's reconcile hangs on its members, another cluster got no status")
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package members
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+)
+
+// hostileEtcd answers etcd's member list and status requests as a member under someone else's
+// control would: advertising a client URL of its choice, padding its answers.
+type hostileEtcd struct {
+	pb.UnimplementedClusterServer
+	pb.UnimplementedMaintenanceServer
+	url        string // where it really listens
+	advertised string // the client URL it advertises
+	padding    int    // bytes of peer URLs added to the member list
+}
+
+func (h *hostileEtcd) MemberList(context.Context, *pb.MemberListRequest) (*pb.MemberListResponse, error) {
+	m := &pb.Member{ID: 1, Name: "kv-0", PeerURLs: []string{"http://kv-0.kv-peer.ns.svc:2380"}, ClientURLs: []string{h.advertised}}
+	if h.padding > 0 {
+		m.PeerURLs = append(m.PeerURLs, strings.Repeat("x", h.padding))
+	}
+	return &pb.MemberListResponse{Header: &pb.ResponseHeader{MemberId: 1}, Members: []*pb.Member{m}}, nil
+}
+
+func (h *hostileEtcd) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
+	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: 1, Revision: 7}, Version: "3.7.3", Leader: 1, RaftIndex: 9, RaftAppliedIndex: 9}, nil
+}
+
+func serve(t *testing.T, h *hostileEtcd) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.url = "http://" + l.Addr().String()
+	s := grpc.NewServer(grpc.MaxSendMsgSize(64 << 20))
+	pb.RegisterClusterServer(s, h)
+	pb.RegisterMaintenanceServer(s, h)
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+}
+
+// connectionCounter is a listener that only counts who connects.
+func connectionCounter(t *testing.T) (string, *atomic.Int32) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	var n atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_ = c.Close()
+		}
+	}()
+	return "http://" + l.Addr().String(), &n
+}
+
+// TestMembersAreAskedOnlyWhereTheOperatorSays: a member's image decides the client URL it
+// advertises; the operator must dial only the URL it computes for that member, and members it
+// cannot place are not dialled at all.
+func TestMembersAreAskedOnlyWhereTheOperatorSays(t *testing.T) {
+	elsewhere, dialled := connectionCounter(t)
+	h := &hostileEtcd{advertised: elsewhere}
+	serve(t, h)
+	known := func(m Member) (string, bool) { return h.url, m.Name == "kv-0" }
+	c, err := EtcdClient{Timeout: 5 * time.Second}.Cluster(context.Background(), []string{h.url}, known)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Members) != 1 || !c.Members[0].Healthy || !c.HasLeader {
+		t.Errorf("members = %+v, want kv-0 healthy and leading (asked at the computed URL)", c.Members)
+	}
+	unknown := func(Member) (string, bool) { return "", false }
+	if c, err = (EtcdClient{Timeout: 5 * time.Second}).Cluster(context.Background(), []string{h.url}, unknown); err != nil {
+		t.Fatal(err)
+	}
+	if c.Members[0].Healthy {
+		t.Error("a member the operator cannot place must not be asked")
+	}
+	if n := dialled.Load(); n != 0 {
+		t.Errorf("the advertised client URL %s was dialled %d times", elsewhere, n)
+	}
+}
+
+// TestAnswersFromMembersAreBounded: a member answering with megabytes is refused, not read into
+// the memory every cluster's reconcile shares.
+func TestAnswersFromMembersAreBounded(t *testing.T) {
+	h := &hostileEtcd{padding: 8 << 20}
+	serve(t, h)
+	h.advertised = h.url
+	_, err := EtcdClient{Timeout: 5 * time.Second}.Cluster(context.Background(), []string{h.url}, func(Member) (string, bool) { return h.url, true })
+	if err == nil || !strings.Contains(err.Error(), "larger than max") {
+		t.Errorf("an 8 MiB member list was accepted (error %v); want it refused as too large", err)
+	}
+}
