@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	neturl "net/url"
 	"os"
@@ -202,15 +203,21 @@ func runRestoreApply(args []string) int {
 }
 
 func fail(terminationLog, what string, err error) int {
+	return failTo(os.Stderr, terminationLog, what, err)
+}
+
+func failTo(stderr io.Writer, terminationLog, what string, err error) int {
 	msg := what + " failed: " + err.Error()
-	fmt.Fprintln(os.Stderr, msg)
+	fmt.Fprintln(stderr, msg)
 	_ = os.WriteFile(terminationLog, []byte(msg), 0o644)
 	return 1
 }
 
 // runHTTPCall is the deregistration Job's HTTP variant: one request, retried with a growing pause
 // until it gets a 2xx answer or runs out of tries or time.
-func runHTTPCall(args []string) int {
+func runHTTPCall(args []string) int { return httpCall(args, os.Stdout, os.Stderr) }
+
+func httpCall(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("http-call", flag.ContinueOnError)
 	urlEnv := fs.String("url-env", "DEREGISTRATION_URL", "environment variable holding the URL")
 	method := fs.String("method", http.MethodPost, "request method")
@@ -222,7 +229,7 @@ func runHTTPCall(args []string) int {
 	}
 	url := os.Getenv(*urlEnv)
 	if url == "" {
-		return fail(*terminationLog, "deregistration", fmt.Errorf("$%s is empty", *urlEnv))
+		return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("$%s is empty", *urlEnv))
 	}
 	ctx, cancel := signalContext(*timeout)
 	defer cancel()
@@ -231,19 +238,19 @@ func runHTTPCall(args []string) int {
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
-				return fail(*terminationLog, "deregistration", fmt.Errorf("%s %s: out of time after %d attempts: %v", *method, redact(url), attempt, last))
+				return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("%s %s: out of time after %d attempts: %v", *method, redact(url), attempt, last))
 			case <-time.After(time.Duration(attempt) * 2 * time.Second):
 			}
 		}
 		if last = call(ctx, *method, url); last == nil {
 			msg := fmt.Sprintf("%s %s succeeded", *method, redact(url))
-			fmt.Println(msg)
+			fmt.Fprintln(stdout, msg)
 			_ = os.WriteFile(*terminationLog, []byte(msg), 0o644)
 			return 0
 		}
-		fmt.Fprintf(os.Stderr, "attempt %d: %v\n", attempt+1, last)
+		fmt.Fprintf(stderr, "attempt %d: %v\n", attempt+1, last)
 	}
-	return fail(*terminationLog, "deregistration", fmt.Errorf("%s %s failed %d times, last: %v", *method, redact(url), *retries+1, last))
+	return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("%s %s failed %d times, last: %v", *method, redact(url), *retries+1, last))
 }
 
 func call(ctx context.Context, method, url string) error {
