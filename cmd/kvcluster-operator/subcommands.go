@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -217,6 +218,9 @@ func failTo(stderr io.Writer, terminationLog, what string, err error) int {
 // until it gets a 2xx answer or runs out of tries or time.
 func runHTTPCall(args []string) int { return httpCall(args, os.Stdout, os.Stderr) }
 
+// httpCall never writes the URL beyond its scheme://host: it may come from a Secret and carry a
+// token in its user info, path, query or fragment, while its output reaches the pod's logs and,
+// through the termination message, an Event anyone reading the namespace sees.
 func httpCall(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("http-call", flag.ContinueOnError)
 	urlEnv := fs.String("url-env", "DEREGISTRATION_URL", "environment variable holding the URL")
@@ -227,10 +231,15 @@ func httpCall(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	url := os.Getenv(*urlEnv)
-	if url == "" {
+	raw := os.Getenv(*urlEnv)
+	if raw == "" {
 		return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("$%s is empty", *urlEnv))
 	}
+	target, err := parseCallURL(raw)
+	if err != nil {
+		return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("$%s %w", *urlEnv, err))
+	}
+	request := *method + " " + target.Scheme + "://" + target.Host + "/…" // the rest is left out, not absent
 	ctx, cancel := signalContext(*timeout)
 	defer cancel()
 	var last error
@@ -238,31 +247,55 @@ func httpCall(args []string, stdout, stderr io.Writer) int {
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
-				return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("%s %s: out of time after %d attempts: %v", *method, redact(url), attempt, last))
+				return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("%s: out of time after %d attempts: %v", request, attempt, last))
 			case <-time.After(time.Duration(attempt) * 2 * time.Second):
 			}
 		}
-		if last = call(ctx, *method, url); last == nil {
-			msg := fmt.Sprintf("%s %s succeeded", *method, redact(url))
+		if last = call(ctx, *method, target); last == nil {
+			msg := request + " succeeded"
 			fmt.Fprintln(stdout, msg)
 			_ = os.WriteFile(*terminationLog, []byte(msg), 0o644)
 			return 0
 		}
-		fmt.Fprintf(stderr, "attempt %d: %v\n", attempt+1, last)
+		fmt.Fprintf(stderr, "attempt %d: %s: %v\n", attempt+1, request, last)
 	}
-	return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("%s %s failed %d times, last: %v", *method, redact(url), *retries+1, last))
+	return failTo(stderr, *terminationLog, "deregistration", fmt.Errorf("%s failed %d times, last: %v", request, *retries+1, last))
 }
 
-func call(ctx context.Context, method, url string) error {
+// parseCallURL accepts an absolute http(s) URL. Its errors never quote the URL.
+func parseCallURL(raw string) (*neturl.URL, error) {
+	u, err := neturl.Parse(raw)
+	if err != nil {
+		var escape neturl.EscapeError
+		if errors.As(err, &escape) { // its text quotes a piece of the path or query
+			return nil, errors.New("is not a valid URL: it has an invalid %-escape")
+		}
+		var parse *neturl.Error
+		if errors.As(err, &parse) { // its text quotes the whole URL
+			err = parse.Err
+		}
+		return nil, fmt.Errorf("is not a valid URL: %v", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		if u.Scheme == "" || u.Host == "" {
+			return nil, errors.New("is not an absolute http or https URL")
+		}
+		return nil, fmt.Errorf("must be an http or https URL, not %s://%s", u.Scheme, u.Host)
+	}
+	return u, nil
+}
+
+// call makes one request. Its error says what went wrong without the URL.
+func call(ctx context.Context, method string, target *neturl.URL) error {
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(actx, method, url, nil)
+	req, err := http.NewRequestWithContext(actx, method, target.String(), nil)
 	if err != nil {
-		return err
+		return withoutURL(err, target)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return withoutURL(err, target)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
@@ -271,11 +304,26 @@ func call(ctx context.Context, method, url string) error {
 	return nil
 }
 
-// redact keeps a URL's scheme and host only: its path or query may hold a token.
-func redact(raw string) string {
-	u, err := neturl.Parse(raw)
-	if err != nil {
-		return "the URL"
+// withoutURL keeps what went wrong and drops the URL net/http puts in its errors (only the
+// password is masked there; a redirect's target is quoted whole). As a second guard, any piece of
+// the URL that still shows is cut out.
+func withoutURL(err error, target *neturl.URL) error {
+	var withURL *neturl.Error
+	for errors.As(err, &withURL) {
+		err = withURL.Err
 	}
-	return u.Scheme + "://" + u.Host + "/…"
+	msg := err.Error()
+	if errors.Is(err, context.DeadlineExceeded) {
+		msg = "no answer in time (" + msg + ")"
+	}
+	pieces := []string{target.String(), target.User.String(), target.User.Username(), target.EscapedPath(), target.Path, target.RawQuery, target.EscapedFragment(), target.Fragment}
+	if password, ok := target.User.Password(); ok {
+		pieces = append(pieces, password)
+	}
+	for _, p := range pieces {
+		if len(p) > 1 {
+			msg = strings.ReplaceAll(msg, p, "…")
+		}
+	}
+	return errors.New(msg)
 }
