@@ -13,6 +13,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -214,8 +215,23 @@ func (d *dirStore) Exists(_ context.Context, key string) (bool, error) {
 	return err == nil, err
 }
 
-// create opens a new file for key, refusing an existing one (O_EXCL), writing through a
-// temporary name so a crash never leaves a partial file under the final name.
+// partialName matches the temporary file of a write in progress: ".kv-1.db.123456.part" is a
+// partial kv-1.db. Older versions wrote "kv-1.db.part", which is recognised too, so that what they
+// left behind is cleaned up as well.
+var partialName = regexp.MustCompile(`^\.(.+)\.[0-9]+\.part$|^(.+\.db(?:` + regexp.QuoteMeta(MetadataSuffix) + `)?)\.part$`)
+
+// partialOf returns the name of the object a temporary file was to become.
+func partialOf(name string) (object string, ok bool) {
+	m := partialName.FindStringSubmatch(name)
+	if m == nil {
+		return "", false
+	}
+	return m[1] + m[2], true
+}
+
+// write creates the file for key, never replacing an existing one. It writes through a temporary
+// name unique to this attempt, so a crash never leaves a partial file under the final name, and a
+// write killed midway never blocks a later one of the same key.
 func (d *dirStore) write(key string, fill func(io.Writer) (int64, error)) (int64, error) {
 	p := d.path(key)
 	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
@@ -224,12 +240,16 @@ func (d *dirStore) write(key string, fill func(io.Writer) (int64, error)) (int64
 	if _, err := os.Stat(p); err == nil {
 		return 0, fmt.Errorf("%s: %w", d.URI(key), ErrObjectExists)
 	}
-	tmp := p + ".part"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".*.part")
 	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", d.URI(key), err)
 	}
-	n, err := fill(f)
+	tmp := f.Name()
+	err = f.Chmod(0o640)
+	var n int64
+	if err == nil {
+		n, err = fill(f)
+	}
 	if err == nil {
 		err = f.Sync()
 	}
@@ -246,7 +266,7 @@ func (d *dirStore) write(key string, fill func(io.Writer) (int64, error)) (int64
 		if errors.Is(err, fs.ErrExist) {
 			return 0, fmt.Errorf("%s: %w", d.URI(key), ErrObjectExists)
 		}
-		return 0, err
+		return 0, fmt.Errorf("write %s: %w", d.URI(key), err)
 	}
 	return n, os.Remove(tmp)
 }
@@ -286,8 +306,11 @@ func (d *dirStore) List(_ context.Context, dir string) ([]StoredObject, error) {
 	}
 	var out []StoredObject
 	for _, e := range entries {
+		if _, partial := partialOf(e.Name()); partial || e.IsDir() {
+			continue
+		}
 		info, err := e.Info()
-		if err != nil || e.IsDir() {
+		if err != nil {
 			continue
 		}
 		out = append(out, StoredObject{Key: path.Join(strings.TrimSuffix(dir, "/"), e.Name()), Modified: info.ModTime()})
