@@ -8,127 +8,41 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kvcluster/kvcluster-operator/backup/backuptest"
 )
 
-// These tests run the backup against real processes: etcd (KVC_ETCD_DIR holds etcd and etcdutl)
-// and versitygw, an S3 gateway (KVC_VERSITYGW). `make test` builds and passes both.
+// These tests run the backup against real processes: etcd and versitygw (see backuptest).
 
 func requireBinary(t testing.TB, env, name string) string {
 	t.Helper()
-	dir := os.Getenv(env)
-	if dir == "" {
-		t.Fatalf("%s is not set: run the tests with 'make test' (it builds etcd and versitygw)", env)
-	}
-	p := filepath.Join(dir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("%s: %v", p, err)
-	}
-	return p
+	return backuptest.RequireBinary(t, env, name)
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func startProcess(t testing.TB, name string, bin string, args ...string) {
-	t.Helper()
-	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			out, _ := os.ReadFile(logf.Name())
-			t.Logf("%s log:\n%s", name, lastLines(string(out), 20))
-		}
-	})
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-// startEtcd runs a one-member etcd on a data dir and returns its client URL.
 func startEtcd(t *testing.T, etcd, dataDir, name string) string {
 	t.Helper()
-	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	startProcess(t, "etcd-"+name, etcd, "--name="+name, "--data-dir="+dataDir,
-		"--listen-client-urls="+client, "--advertise-client-urls="+client,
-		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
-		"--initial-cluster="+name+"="+peer, "--unsafe-no-fsync")
-	waitFor(t, "etcd", func() bool {
-		resp, err := http.Get(client + "/health")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
-	return client
-}
-
-func waitFor(t testing.TB, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if ok() {
-			return
-		}
-	}
-	t.Fatalf("%s did not come up", what)
+	return backuptest.StartEtcd(t, etcd, dataDir, name)
 }
 
 type s3Server struct {
-	endpoint, access, secret string
-	client                   *minio.Client
+	backuptest.S3Gateway
 }
 
 func startS3(t testing.TB) s3Server {
 	t.Helper()
-	gw := requireBinary(t, "KVC_VERSITYGW", "versitygw")
-	root := t.TempDir()
-	s := s3Server{endpoint: fmt.Sprintf("127.0.0.1:%d", freePort(t)), access: "backup-test", secret: "backup-test-secret"}
-	startProcess(t, "versitygw", gw, "--port", s.endpoint, "--access", s.access, "--secret", s.secret, "--region", "us-east-1", "posix", root)
-	var err error
-	s.client, err = minio.New(s.endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.access, s.secret, ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "versitygw", func() bool {
-		return s.client.MakeBucket(context.Background(), "backups", minio.MakeBucketOptions{Region: "us-east-1"}) == nil
-	})
-	return s
+	return s3Server{backuptest.StartS3(t)}
 }
 
 func (s s3Server) config() S3 {
-	return S3{Endpoint: s.endpoint, Bucket: "backups", Region: "us-east-1", Insecure: true, AccessKey: s.access, SecretKey: s.secret}
+	return S3{Endpoint: s.Endpoint, Bucket: s.Bucket, Region: s.Region, Insecure: true, AccessKey: s.AccessKey, SecretKey: s.SecretKey}
 }
 
 func (s s3Server) store(t testing.TB) Store {
@@ -220,7 +134,7 @@ func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
 			if skipped, err := Fetch(ctx, store, key, "", restored, snapFile); err != nil || skipped {
 				t.Fatalf("fetch: skipped %v, %v", skipped, err)
 			}
-			peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+			peer := fmt.Sprintf("http://127.0.0.1:%d", backuptest.FreePort(t))
 			member := Member{Name: "restored", InitialCluster: "restored=" + peer, Token: "t", PeerURL: peer}
 			if skipped, err := Apply(ctx, etcdutl, snapFile, restored, member); err != nil || skipped {
 				t.Fatalf("apply: skipped %v, %v", skipped, err)

@@ -1,0 +1,125 @@
+// Package backuptest starts the real processes that backup tests run against: etcd (KVC_ETCD_DIR
+// holds etcd and etcdutl) and versitygw, an S3 gateway (KVC_VERSITYGW). `make test` builds both.
+package backuptest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// RequireBinary returns the path of name in the directory $env names, failing the test without it.
+func RequireBinary(t testing.TB, env, name string) string {
+	t.Helper()
+	dir := os.Getenv(env)
+	if dir == "" {
+		t.Fatalf("%s is not set: run the tests with 'make test' (it builds etcd and versitygw)", env)
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s: %v", p, err)
+	}
+	return p
+}
+
+// FreePort is a loopback port nothing listens on.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// StartProcess runs bin until the test ends, and shows the end of its output if the test failed.
+func StartProcess(t testing.TB, name string, bin string, args ...string) {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			out, _ := os.ReadFile(logf.Name())
+			t.Logf("%s log:\n%s", name, lastLines(string(out), 20))
+		}
+	})
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// StartEtcd runs a one-member etcd on a data dir and returns its client URL.
+func StartEtcd(t testing.TB, etcd, dataDir, name string) string {
+	t.Helper()
+	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
+	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
+	StartProcess(t, "etcd-"+name, etcd, "--name="+name, "--data-dir="+dataDir,
+		"--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
+		"--initial-cluster="+name+"="+peer, "--unsafe-no-fsync")
+	WaitFor(t, "etcd", func() bool {
+		resp, err := http.Get(client + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	return client
+}
+
+// WaitFor polls ok for up to 30 seconds.
+func WaitFor(t testing.TB, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if ok() {
+			return
+		}
+	}
+	t.Fatalf("%s did not come up", what)
+}
+
+// S3Gateway is a running versitygw with an empty bucket.
+type S3Gateway struct {
+	Endpoint, AccessKey, SecretKey, Region, Bucket string
+	Client                                         *minio.Client
+}
+
+// StartS3 runs versitygw on a temporary directory until the test ends, with the bucket "backups".
+func StartS3(t testing.TB) S3Gateway {
+	t.Helper()
+	gw := RequireBinary(t, "KVC_VERSITYGW", "versitygw")
+	s := S3Gateway{Endpoint: fmt.Sprintf("127.0.0.1:%d", FreePort(t)), AccessKey: "backup-test", SecretKey: "backup-test-secret",
+		Region: "us-east-1", Bucket: "backups"}
+	StartProcess(t, "versitygw", gw, "--port", s.Endpoint, "--access", s.AccessKey, "--secret", s.SecretKey, "--region", s.Region, "posix", t.TempDir())
+	var err error
+	s.Client, err = minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Region: s.Region, BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, "versitygw", func() bool {
+		return s.Client.MakeBucket(context.Background(), s.Bucket, minio.MakeBucketOptions{Region: s.Region}) == nil
+	})
+	return s
+}
