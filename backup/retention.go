@@ -2,7 +2,6 @@ package backup
 
 import (
 	"context"
-	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -35,10 +34,7 @@ func Prune(ctx context.Context, store Store, justWritten string, r Retention, no
 	if r.Cluster == "" || r.KeepLast < 1 {
 		return nil, nil
 	}
-	dir := path.Dir(justWritten) + "/"
-	if dir == "./" {
-		dir = ""
-	}
+	dir := dirOf(justWritten)
 	scheduled := regexp.MustCompile("^" + regexp.QuoteMeta(r.Cluster) + `-[0-9]+\.db$`)
 	objects, err := store.List(ctx, dir)
 	if err != nil {

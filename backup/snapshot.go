@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"strings"
 	"time"
 
@@ -31,6 +32,10 @@ type Result struct {
 	CompletionTime time.Time `json:"completionTime"`
 	// Pruned are the older snapshots the retention deleted after this one was verified.
 	Pruned []string `json:"pruned,omitempty"`
+	// RemovedPartial are the objects whose partial writes, left by killed backups, were removed.
+	RemovedPartial []string `json:"removedPartial,omitempty"`
+	// Warnings are problems that did not stop the backup.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // ErrObjectExists means the destination already holds an object: a backup never overwrites one.
@@ -50,6 +55,12 @@ func Take(ctx context.Context, endpoints []string, store Store, key string, rete
 		return res, err
 	} else if exists {
 		return res, fmt.Errorf("%s: %w", store.URI(key), ErrObjectExists)
+	}
+	// Before the snapshot, so that a volume filled by killed backups gets room again. A store that
+	// does not allow it (e.g. no permission to list uploads) still takes backups.
+	dir := dirOf(key)
+	if res.RemovedPartial, err = store.RemoveAbandoned(ctx, dir, now().Add(-MaxRunTime)); err != nil {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("could not remove what killed backups left in %s: %v", store.URI(dir), err))
 	}
 
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
@@ -79,6 +90,14 @@ func Take(ctx context.Context, endpoints []string, store Store, key string, rete
 		return res, fmt.Errorf("the backup %s succeeded, but pruning old ones failed: %w", res.Location, err)
 	}
 	return res, nil
+}
+
+// dirOf is the directory of a key, as Store.List takes it: "" or ending in "/".
+func dirOf(key string) string {
+	if dir := path.Dir(key); dir != "." {
+		return dir + "/"
+	}
+	return ""
 }
 
 type memberChoice struct {

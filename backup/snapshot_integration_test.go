@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -263,4 +264,91 @@ func sorted(s []string) []string {
 	out := slices.Clone(s)
 	slices.Sort(out)
 	return out
+}
+
+// TestNextBackupRemovesWhatKilledBackupsLeft: a backup killed mid-stream leaves a temporary file
+// or an incomplete multipart upload (billed, never listed). The next backup into the same
+// directory removes it once it is older than any backup may run, and never earlier: until then
+// it may belong to a backup still running.
+func TestNextBackupRemovesWhatKilledBackupsLeft(t *testing.T) {
+	etcd := requireBinary(t, "KVC_ETCD_DIR", "etcd")
+	for kind, newStore := range storesWithLeftovers() {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			store, leftovers := newStore(t, "prod/kv/")
+			endpoint := startEtcd(t, etcd, t.TempDir(), "killed")
+			killed := stallPut(t, store, "prod/kv/kv-1.db")
+			elsewhere := stallPut(t, store, "prod/kv/deeper/kv-1.db") // another directory: none of its business
+			if got := leftovers(); len(got) != 1 {
+				t.Fatalf("a stalled write leaves %v, want one partial object", got)
+			}
+
+			res, err := Take(ctx, []string{endpoint}, store, "prod/kv/kv-2.db", Retention{}, time.Now)
+			if err != nil {
+				t.Fatalf("backup: %v", err)
+			}
+			if got := leftovers(); len(got) != 1 || len(res.RemovedPartial) != 0 {
+				t.Errorf("a backup removed %v, a partial write younger than a backup may run: left %v", res.RemovedPartial, got)
+			}
+
+			aDayLater := func() time.Time { return time.Now().Add(24*time.Hour + time.Minute) }
+			res, err = Take(ctx, []string{endpoint}, store, "prod/kv/kv-3.db", Retention{}, aDayLater)
+			if err != nil {
+				t.Fatalf("backup a day later: %v", err)
+			}
+			if got := leftovers(); len(got) != 0 {
+				t.Errorf("a backup a day later left the partial writes %v", got)
+			}
+			if !slices.Equal(res.RemovedPartial, []string{"prod/kv/kv-1.db"}) || len(res.Warnings) != 0 {
+				t.Errorf("the backup reports removedPartial %v (warnings %v), want [prod/kv/kv-1.db]", res.RemovedPartial, res.Warnings)
+			}
+			if err := killed(); err == nil {
+				t.Error("a write whose partial object was removed succeeded")
+			}
+			if err := elsewhere(); err != nil {
+				t.Errorf("a write in another directory failed: %v", err)
+			}
+			if exists, err := store.Exists(ctx, "prod/kv/kv-1.db"); err != nil || exists {
+				t.Errorf("the removed partial write became an object: exists %v, %v", exists, err)
+			}
+		})
+	}
+}
+
+// storesWithLeftovers are the stores of stores(), each with a way to see the partial writes in a
+// directory that the store itself does not list.
+func storesWithLeftovers() map[string]func(t *testing.T, dir string) (Store, func() []string) {
+	return map[string]func(t *testing.T, dir string) (Store, func() []string){
+		"s3": func(t *testing.T, dir string) (Store, func() []string) {
+			s3 := startS3(t)
+			return s3.store(t), func() []string {
+				var keys []string
+				for u := range s3.Client.ListIncompleteUploads(context.Background(), "backups", dir, false) {
+					if u.Err != nil {
+						t.Fatal(u.Err)
+					}
+					if !strings.HasSuffix(u.Key, "/") { // a deeper directory
+						keys = append(keys, u.Key)
+					}
+				}
+				return keys
+			}
+		},
+		"pvc": func(t *testing.T, dir string) (Store, func() []string) {
+			root := t.TempDir()
+			return NewDirStore(root, "backups"), func() []string {
+				entries, err := os.ReadDir(filepath.Join(root, filepath.FromSlash(dir)))
+				if err != nil && !errors.Is(err, os.ErrNotExist) {
+					t.Fatal(err)
+				}
+				var names []string
+				for _, e := range entries {
+					if name := e.Name(); !e.IsDir() && !strings.HasSuffix(name, ".db") && !strings.HasSuffix(name, MetadataSuffix) {
+						names = append(names, name)
+					}
+				}
+				return names
+			}
+		},
+	}
 }

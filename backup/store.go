@@ -36,6 +36,10 @@ type Store interface {
 	// List returns the objects directly in dir (a key prefix ending in "/", or "").
 	List(ctx context.Context, dir string) ([]StoredObject, error)
 	Remove(ctx context.Context, key string) error
+	// RemoveAbandoned removes what interrupted writes left directly in dir (a temporary file, an
+	// incomplete multipart upload) if they began before startedBefore, and returns the keys they
+	// were writing. A write begun later may still be running.
+	RemoveAbandoned(ctx context.Context, dir string, startedBefore time.Time) ([]string, error)
 }
 
 // StoredObject is one object of a Store.
@@ -178,6 +182,33 @@ func (s *s3Store) Remove(ctx context.Context, key string) error {
 		return fmt.Errorf("delete %s: %w", s.URI(key), describe(err))
 	}
 	return nil
+}
+
+func (s *s3Store) RemoveAbandoned(ctx context.Context, dir string, startedBefore time.Time) ([]string, error) {
+	core := minio.Core{Client: s.client}
+	var removed []string
+	keyMarker, uploadIDMarker := "", ""
+	for {
+		// The delimiter keeps to dir itself: a deeper prefix may be another cluster's directory.
+		page, err := core.ListMultipartUploads(ctx, s.cfg.Bucket, dir, keyMarker, uploadIDMarker, "/", 1000)
+		if err != nil {
+			return removed, fmt.Errorf("list incomplete uploads in %s: %w", s.URI(dir), describe(err))
+		}
+		for _, u := range page.Uploads {
+			if !u.Initiated.Before(startedBefore) {
+				continue
+			}
+			err := core.AbortMultipartUpload(ctx, s.cfg.Bucket, u.Key, u.UploadID)
+			if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
+				return removed, fmt.Errorf("abort the incomplete upload of %s: %w", s.URI(u.Key), describe(err))
+			}
+			removed = append(removed, u.Key)
+		}
+		if !page.IsTruncated || page.NextKeyMarker == "" && page.NextUploadIDMarker == "" {
+			return removed, nil
+		}
+		keyMarker, uploadIDMarker = page.NextKeyMarker, page.NextUploadIDMarker
+	}
 }
 
 // describe turns an S3 error into a sentence a person can act on.
@@ -323,4 +354,31 @@ func (d *dirStore) Remove(_ context.Context, key string) error {
 		return err
 	}
 	return nil
+}
+
+func (d *dirStore) RemoveAbandoned(_ context.Context, dir string, startedBefore time.Time) ([]string, error) {
+	entries, err := os.ReadDir(d.path(dir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, e := range entries {
+		object, partial := partialOf(e.Name())
+		if !partial || e.IsDir() {
+			continue
+		}
+		// A write in progress keeps changing its file: its modification time is never old.
+		info, err := e.Info()
+		if err != nil || !info.ModTime().Before(startedBefore) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(d.path(dir), e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("remove the partial %s: %w", d.URI(path.Join(dir, object)), err)
+		}
+		removed = append(removed, path.Join(dir, object))
+	}
+	return removed, nil
 }

@@ -87,3 +87,74 @@ func TestDirStoreWritesAKeyAgainAfterAKilledWrite(t *testing.T) {
 		t.Errorf("files left: %v", entries)
 	}
 }
+
+func TestPartialFilesAreRecognised(t *testing.T) {
+	tests := []struct {
+		name, wantObject string // "" = not a partial file
+	}{
+		{".kv-1.db.2999057113.part", "kv-1.db"},
+		{".kv-1.db.meta.json.17.part", "kv-1.db.meta.json"},
+		{"kv-1.db.part", "kv-1.db"}, // written by versions before unique names
+		{"kv-1.db.meta.json.part", "kv-1.db.meta.json"},
+		{"kv-1.db", ""},
+		{"kv-1.db.meta.json", ""},
+		{"notes.part", ""}, // not ours
+		{".kv-1.db.x1.part", ""},
+	}
+	for _, tt := range tests {
+		if object, ok := partialOf(tt.name); object != tt.wantObject || ok != (tt.wantObject != "") {
+			t.Errorf("partialOf(%q) = %q, %v; want %q", tt.name, object, ok, tt.wantObject)
+		}
+	}
+}
+
+func TestDirStoreRemovesOnlyAbandonedPartialFiles(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	store := NewDirStore(root, "backups")
+	running := stallPut(t, store, "prod/kv/kv-2.db")
+	dir := filepath.Join(root, "prod", "kv")
+	dayAgo := time.Now().Add(-25 * time.Hour)
+	for _, name := range []string{"kv-1.db.part", "notes.part", "deeper/.kv-3.db.1.part"} {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, dayAgo, dayAgo); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := func() []string {
+		var names []string
+		_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+			if err == nil && !e.IsDir() {
+				rel, _ := filepath.Rel(dir, p)
+				names = append(names, filepath.ToSlash(rel))
+			}
+			return nil
+		})
+		return names
+	}
+
+	removed, err := store.RemoveAbandoned(ctx, "prod/kv/", time.Now().Add(-24*time.Hour))
+	if err != nil || !slices.Equal(removed, []string{"prod/kv/kv-1.db"}) {
+		t.Errorf("removed %v (%v), want only the day-old partial kv-1.db", removed, err)
+	}
+	if got := files(); len(got) != 3 || !slices.Contains(got, "notes.part") || !slices.Contains(got, "deeper/.kv-3.db.1.part") {
+		t.Errorf("files left: %v, want the running write's, notes.part and the one in deeper/", got)
+	}
+
+	removed, err = store.RemoveAbandoned(ctx, "prod/kv/", time.Now().Add(time.Minute))
+	if err != nil || !slices.Equal(removed, []string{"prod/kv/kv-2.db"}) {
+		t.Errorf("with a bound in the future, removed %v (%v), want the stalled write's kv-2.db", removed, err)
+	}
+	if err := running(); err == nil {
+		t.Error("a write whose temporary file was removed succeeded")
+	}
+	if got := files(); !slices.Equal(got, []string{"deeper/.kv-3.db.1.part", "notes.part"}) {
+		t.Errorf("files left: %v", got)
+	}
+}

@@ -106,6 +106,9 @@ func runBackup(args []string) int {
 	ctx, cancel := signalContext(*timeout)
 	defer cancel()
 	res, err := backup.Take(ctx, strings.Split(*endpoints, ","), store, *key, retention, time.Now)
+	for _, w := range res.Warnings {
+		fmt.Fprintln(os.Stderr, "warning:", w)
+	}
 	if err != nil {
 		return fail(*terminationLog, "backup", err)
 	}
