@@ -42,8 +42,8 @@ type Result struct {
 var ErrObjectExists = errors.New("the destination object already exists; a backup never overwrites an object")
 
 // Take streams a snapshot of the healthiest member among endpoints to key in store, hashing it on
-// the way, then reads the object back to verify it, writes its metadata beside it, and only then
-// prunes older snapshots as the retention says.
+// the way, then reads the object back to verify it (deleting it if it differs), writes its
+// metadata beside it, and only then prunes older snapshots as the retention says.
 func Take(ctx context.Context, endpoints []string, store Store, key string, retention Retention, now func() time.Time) (Result, error) {
 	res := Result{StartTime: now().UTC(), Location: store.URI(key)}
 	member, err := pickMember(ctx, endpoints)
@@ -78,7 +78,14 @@ func Take(ctx context.Context, endpoints []string, store Store, key string, rete
 	if res.Size, res.SHA256, err = store.Put(ctx, key, snap.Snapshot); err != nil {
 		return res, err
 	}
-	if err := verify(ctx, store, key, res.Size, res.SHA256); err != nil {
+	if err := verify(ctx, store, key, res.Size, res.SHA256); errors.Is(err, errDiffers) {
+		// Deleting is safe: Put never replaces an object, so what is at key is what this backup
+		// has just written, nobody else's. Kept, it could only mislead whoever restores.
+		if rerr := store.Remove(ctx, key); rerr != nil {
+			return res, fmt.Errorf("verification failed: %w; deleting it failed too (%v): having no metadata, it is never restored from nor counted as a backup", err, rerr)
+		}
+		return res, fmt.Errorf("verification failed: %w; it was deleted", err)
+	} else if err != nil {
 		return res, err
 	}
 	res.CompletionTime = now().UTC()
@@ -136,6 +143,9 @@ func pickMember(ctx context.Context, endpoints []string) (memberChoice, error) {
 	return best, nil
 }
 
+// errDiffers is a read-back that differs from what was written (not one that failed).
+var errDiffers = errors.New("does not match what was written")
+
 // verify reads the object back and checks its size and sha256 against what was sent.
 func verify(ctx context.Context, store Store, key string, size int64, sum string) error {
 	obj, err := store.Open(ctx, key)
@@ -149,7 +159,7 @@ func verify(ctx context.Context, store Store, key string, size int64, sum string
 		return fmt.Errorf("read back %s: %w", store.URI(key), err)
 	}
 	if got := hex.EncodeToString(hash.Sum(nil)); n != size || got != sum {
-		return fmt.Errorf("%s does not match what was written: %d bytes sha256 %s, sent %d bytes sha256 %s", store.URI(key), n, got, size, sum)
+		return fmt.Errorf("%s %w: %d bytes sha256 %s read back, %d bytes sha256 %s sent", store.URI(key), errDiffers, n, got, size, sum)
 	}
 	return nil
 }
