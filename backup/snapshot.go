@@ -41,16 +41,40 @@ type Result struct {
 // ErrObjectExists means the destination already holds an object: a backup never overwrites one.
 var ErrObjectExists = errors.New("the destination object already exists; a backup never overwrites an object")
 
+// StoppedError is the error of a backup whose context ended (it ran out of time, or was told to
+// stop): Doing says what it was doing then, e.g. "verifying s3://bucket/key".
+type StoppedError struct {
+	Doing string
+	Err   error
+}
+
+func (e *StoppedError) Error() string { return "stopped while " + e.Doing + ": " + e.Err.Error() }
+func (e *StoppedError) Unwrap() error { return e.Err }
+
+// StopTimeout bounds what a backup still does once its context has ended: aborting its upload, so
+// that it can report why it stopped. A Job should leave at least this much between the program's
+// --timeout and its activeDeadlineSeconds, and as terminationGracePeriodSeconds.
+const StopTimeout = 10 * time.Second
+
 // Take streams a snapshot of the healthiest member among endpoints to key in store, hashing it on
 // the way, then reads the object back to verify it (deleting it if it differs), writes its
-// metadata beside it, and only then prunes older snapshots as the retention says.
-func Take(ctx context.Context, endpoints []string, store Store, key string, retention Retention, now func() time.Time) (Result, error) {
-	res := Result{StartTime: now().UTC(), Location: store.URI(key)}
+// metadata beside it, and only then prunes older snapshots as the retention says. When ctx ends
+// first, the error is a *StoppedError.
+func Take(ctx context.Context, endpoints []string, store Store, key string, retention Retention, now func() time.Time) (res Result, err error) {
+	res = Result{StartTime: now().UTC(), Location: store.URI(key)}
+	doing := "connecting to etcd at " + strings.Join(endpoints, ",")
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			err = &StoppedError{Doing: doing, Err: err}
+		}
+	}()
 	member, err := pickMember(ctx, endpoints)
 	if err != nil {
 		return res, err
 	}
 	res.Member, res.Revision = member.endpoint, member.revision
+
+	doing = "checking " + store.URI(key)
 	if exists, err := store.Exists(ctx, key); err != nil {
 		return res, err
 	} else if exists {
@@ -59,10 +83,15 @@ func Take(ctx context.Context, endpoints []string, store Store, key string, rete
 	// Before the snapshot, so that a volume filled by killed backups gets room again. A store that
 	// does not allow it (e.g. no permission to list uploads) still takes backups.
 	dir := dirOf(key)
+	doing = "removing what killed backups left in " + store.URI(dir)
 	if res.RemovedPartial, err = store.RemoveAbandoned(ctx, dir, now().Add(-MaxRunTime)); err != nil {
+		if ctx.Err() != nil {
+			return res, err
+		}
 		res.Warnings = append(res.Warnings, fmt.Sprintf("could not remove what killed backups left in %s: %v", store.URI(dir), err))
 	}
 
+	doing = "starting a snapshot on member " + member.endpoint
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return res, fmt.Errorf("connect to etcd member %s: %w", member.endpoint, err)
@@ -75,9 +104,11 @@ func Take(ctx context.Context, endpoints []string, store Store, key string, rete
 	defer func() { _ = snap.Snapshot.Close() }()
 	res.EtcdVersion = snap.Version
 
+	doing = "streaming the snapshot of member " + member.endpoint + " to " + store.URI(key)
 	if res.Size, res.SHA256, err = store.Put(ctx, key, snap.Snapshot); err != nil {
 		return res, err
 	}
+	doing = "verifying " + store.URI(key)
 	if err := verify(ctx, store, key, res.Size, res.SHA256); errors.Is(err, errDiffers) {
 		// Deleting is safe: Put never replaces an object, so what is at key is what this backup
 		// has just written, nobody else's. Kept, it could only mislead whoever restores.
@@ -89,10 +120,14 @@ func Take(ctx context.Context, endpoints []string, store Store, key string, rete
 		return res, err
 	}
 	res.CompletionTime = now().UTC()
-	meta, _ := json.MarshalIndent(res, "", "  ")
-	if err := store.PutSmall(ctx, key+MetadataSuffix, meta); err != nil {
+	doing = "writing the metadata " + store.URI(key+MetadataSuffix)
+	meta := res
+	meta.RemovedPartial, meta.Warnings = nil, nil // they are about this run, not the snapshot
+	metaJSON, _ := json.MarshalIndent(meta, "", "  ")
+	if err := store.PutSmall(ctx, key+MetadataSuffix, metaJSON); err != nil {
 		return res, fmt.Errorf("write metadata: %w", err)
 	}
+	doing = "pruning old snapshots in " + store.URI(dir)
 	if res.Pruned, err = Prune(ctx, store, key, retention, now()); err != nil {
 		return res, fmt.Errorf("the backup %s succeeded, but pruning old ones failed: %w", res.Location, err)
 	}

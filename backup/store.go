@@ -105,7 +105,11 @@ func (s *s3Store) Put(ctx context.Context, key string, r io.Reader) (int64, stri
 		return 0, "", fmt.Errorf("start upload of %s: %w", s.URI(key), describe(err))
 	}
 	abort := func(cause error) (int64, string, error) {
-		_ = core.AbortMultipartUpload(context.WithoutCancel(ctx), bucket, key, id)
+		// Also when ctx has ended, but bounded: the store may be what stalled, and the backup must
+		// still report. An upload left behind is removed by a later backup.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopTimeout)
+		defer cancel()
+		_ = core.AbortMultipartUpload(actx, bucket, key, id)
 		return 0, "", cause
 	}
 	hash := sha256.New()

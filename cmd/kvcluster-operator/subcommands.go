@@ -109,6 +109,13 @@ func runBackup(args []string) int {
 	for _, w := range res.Warnings {
 		fmt.Fprintln(os.Stderr, "warning:", w)
 	}
+	if stopped := (*backup.StoppedError)(nil); errors.As(err, &stopped) {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("gave up after %s (its --timeout) while %s: %w", *timeout, stopped.Doing, stopped.Err)
+		} else {
+			err = fmt.Errorf("stopped (%v) while %s: %w", context.Cause(ctx), stopped.Doing, stopped.Err)
+		}
+	}
 	if err != nil {
 		return fail(*terminationLog, "backup", err)
 	}
