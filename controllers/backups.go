@@ -21,10 +21,9 @@ import (
 
 // Backup condition reasons.
 const (
-	ReasonBackupCompleted   = "BackupCompleted"
-	ReasonBackupFailed      = "BackupFailed"
-	ReasonInvalidSchedule   = "InvalidSchedule"
-	ReasonFinalBackupFailed = "FinalBackupFailed"
+	ReasonBackupCompleted = "BackupCompleted"
+	ReasonBackupFailed    = "BackupFailed"
+	ReasonInvalidSchedule = "InvalidSchedule"
 )
 
 // backupJob is a backup Job with what its pod reported.
@@ -96,6 +95,10 @@ func backupRecord(bj backupJob) kvv1.BackupRecord {
 	if bj.succeeded && json.Unmarshal([]byte(bj.report), &res) == nil {
 		rec.Location, rec.Size, rec.SHA256, rec.Revision, rec.EtcdVersion = res.Location, res.Size, res.SHA256, res.Revision, res.EtcdVersion
 		rec.Pruned = int32(len(res.Pruned))
+		_, rec.WritesFenced = bj.job.Annotations[specs.WritesFencedAnnotation]
+		if len(res.Warnings) > 0 {
+			rec.Message = "succeeded with warnings: " + strings.Join(res.Warnings, "; ")
+		}
 		return rec
 	}
 	rec.Message = bj.report
@@ -145,7 +148,7 @@ func recordFinishedBackups(st *kvv1.KVClusterStatus, jobs []backupJob, generatio
 	isNew = st.LastBackup == nil || st.LastBackup.Job != rec.Job || st.LastBackup.Succeeded != rec.Succeeded
 	st.LastBackup = &rec
 	cond := metav1.Condition{Type: kvv1.ConditionBackupSucceeded, Status: metav1.ConditionTrue, Reason: ReasonBackupCompleted,
-		Message:            fmt.Sprintf("backup %s wrote %s (%d bytes, revision %d, sha256 %s)", rec.Job, rec.Location, rec.Size, rec.Revision, rec.SHA256),
+		Message:            strings.TrimSuffix(fmt.Sprintf("backup %s wrote %s (%d bytes, revision %d, sha256 %s); %s", rec.Job, rec.Location, rec.Size, rec.Revision, rec.SHA256, rec.Message), "; "),
 		ObservedGeneration: generation, LastTransitionTime: *rec.CompletionTime}
 	if !rec.Succeeded {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonBackupFailed, fmt.Sprintf("backup %s failed: %s", rec.Job, rec.Message)
@@ -244,6 +247,11 @@ func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KV
 }
 
 func (r *KVClusterReconciler) announceBackup(kvc *kvv1.KVCluster, rec *kvv1.BackupRecord) {
+	if rec.Succeeded && rec.Message != "" { // e.g. what killed backups left could not be cleaned up
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonBackupCompleted, "Backup",
+			"backup %s wrote %s (%d bytes, revision %d); retention deleted %d older snapshots; it %s", rec.Job, rec.Location, rec.Size, rec.Revision, rec.Pruned, rec.Message)
+		return
+	}
 	if rec.Succeeded {
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, ReasonBackupCompleted, "Backup",
 			"backup %s wrote %s (%d bytes, revision %d); retention deleted %d older snapshots", rec.Job, rec.Location, rec.Size, rec.Revision, rec.Pruned)

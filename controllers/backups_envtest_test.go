@@ -49,12 +49,18 @@ func (h *harness) readyCluster(kvc *kvv1.KVCluster) *kvv1.KVCluster {
 	return got
 }
 
+// deleteAndReconcile deletes the KVCluster and reconciles through the drain (its clients get
+// backup.drainSeconds before writes are fenced and the final backup starts).
 func (h *harness) deleteAndReconcile(kvc *kvv1.KVCluster) {
 	h.t.Helper()
 	if err := h.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
 		h.t.Fatal(err)
 	}
 	h.reconcile(kvc)
+	if !h.gone(kvc) {
+		h.clock.SetTime(h.clock.Now().Add(11 * time.Second))
+		h.reconcile(kvc)
+	}
 }
 
 func (h *harness) gone(kvc *kvv1.KVCluster) bool {

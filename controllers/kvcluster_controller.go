@@ -3,6 +3,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -21,8 +22,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -75,8 +78,10 @@ func CacheOptions() cache.Options {
 // Children block their owner's deletion (blockOwnerDeletion), which clusters enforcing owner
 // references allow only to those who may update the owner's finalizers.
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters/finalizers,verbs=update
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
+// delete on what the deletion guard owns: clusters enforcing owner references let only those who
+// may delete an object change its owner references.
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -84,8 +89,11 @@ func CacheOptions() cache.Options {
 // let the current phase decide what comes next, record it in status.
 func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var kvc kvv1.KVCluster
-	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
+		// Gone without its finalizer (removed by hand): its guard would keep its members for ever.
+		return ctrl.Result{}, r.deleteGuard(ctx, req.Namespace, req.Name, "")
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
 	if !kvc.DeletionTimestamp.IsZero() {
 		// The final backup and deregistration run first; then the garbage collector removes the owned objects.
@@ -112,8 +120,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	// reconcile is retried with backoff.
 	var applyErr error
 	if _, blocked := blockedVerdict(&kvc, obs); !blocked {
-		membership, replicas := desiredMembership(&kvc, obs)
-		if err := r.applyChildren(ctx, &kvc, obs, membership, replicas); rejected(err) {
+		if err := r.applyChildren(ctx, &kvc, obs); rejected(err) {
 			obs.applyRejected = err.Error()
 		} else {
 			applyErr = err
@@ -126,6 +133,11 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		if acted, err = r.act(ctx, &kvc, obs, obs.rollout); err != nil {
 			return ctrl.Result{}, err
 		}
+	}
+	if disarmed, err := r.disarmStaleAlarms(ctx, &kvc, obs); err != nil {
+		return ctrl.Result{}, err
+	} else if disarmed {
+		acted = true
 	}
 	untilBackup, err := r.reconcileBackups(ctx, &kvc, &status, now)
 	if err != nil {
@@ -173,39 +185,77 @@ func previousReason(kvc *kvv1.KVCluster) string {
 	return ""
 }
 
-// applyChildren applies every object the cluster owns. The membership ConfigMap goes before the
-// StatefulSet, whose pods read it when they start.
-func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, obs observation, membership specs.Membership, replicas int32) error {
+// applyChildren applies every object the cluster owns. The guard goes first (what the deletion
+// steps need names it as an owner), the membership ConfigMap before the StatefulSet, whose pods
+// read it when they start; a guard no longer wanted goes last, once nothing names it.
+func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, obs observation) error {
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: kvc.Namespace, Name: name} }
-	if err := applyOwned(ctx, r.Client, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc), corev1ac.ExtractService); err != nil {
+	guard, err := r.guardUID(ctx, kvc)
+	if err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc), corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
+		return err
+	}
+	if err := applyOwned(ctx, r.Client, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{}), corev1ac.ExtractService); err != nil {
 		return err
 	}
 	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, disruptionBase(kvc, obs)),
 		policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return err
 	}
+	membership, replicas := desiredMembership(kvc, obs)
 	if err := applyOwned(ctx, r.Client, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
-		specs.MembershipConfigMap(kvc, membership), corev1ac.ExtractConfigMap); err != nil {
+		specs.MembershipConfigMap(kvc, membership, guard), corev1ac.ExtractConfigMap); err != nil {
 		return err
 	}
 	set := specs.MemberSet{
 		Images:           specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage},
 		Replicas:         replicas,
 		Bootstrapping:    !bootstrapped(kvc, obs),
+		Guard:            guard,
 		UnlabelledClaims: obs.stsClaimsUnlabelled,
 	}
-	return applyOwned(ctx, r.Client, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet)
+	if err := applyOwned(ctx, r.Client, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
+		return err
+	}
+	if guard == "" {
+		return r.deleteGuard(ctx, kvc.Namespace, kvc.Name, kvc.UID)
+	}
+	return nil
+}
+
+// disarmStaleAlarms clears the alarms of members the cluster no longer has: a cluster restored
+// from a final backup (taken with writes fenced) would otherwise refuse writes for ever.
+func (r *KVClusterReconciler) disarmStaleAlarms(ctx context.Context, kvc *kvv1.KVCluster, obs observation) (bool, error) {
+	if obs.cluster == nil || !obs.cluster.HasLeader {
+		return false, nil
+	}
+	stale := obs.cluster.StaleAlarms()
+	for _, a := range stale {
+		if err := r.Members.DisarmAlarm(ctx, clientURLs(kvc, obs), a); err != nil {
+			log.FromContext(ctx).Info("cannot disarm a stale alarm yet", "alarm", a.Type, "member", fmt.Sprintf("%x", a.MemberID), "error", err.Error())
+			return false, nil
+		}
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "StaleAlarmDisarmed", "Disarm",
+			"disarmed the %s alarm of member %x, which this cluster does not have (it came with the restored snapshot)", a.Type, a.MemberID)
+	}
+	return len(stale) > 0, nil
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
 // its spec (generation) or annotations change — not on our own status writes; owned objects
-// trigger one on any change, so drift is put back and member readiness is noticed.
+// trigger one on any change, so drift is put back and member readiness is noticed. A deletion
+// guard (owned by no one) triggers one for its cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			if o.GetLabels()[specs.GuardLabel] != "true" {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
+		})).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).

@@ -65,6 +65,13 @@ func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVC
 		{"StatefulSet", kvc.Name, &appsv1.StatefulSet{}},
 	}
 	var foreign []string
+	var guard corev1.ConfigMap // owned by no one on purpose: it names its cluster by UID
+	// Only the cache is asked: a guard always carries the operator's labels.
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); client.IgnoreNotFound(err) != nil {
+		return nil, err
+	} else if err == nil && guard.Labels[specs.ClusterUIDLabel] != string(kvc.UID) {
+		foreign = append(foreign, "ConfigMap "+guard.Name+" (the deletion guard of another KVCluster, uid "+guard.Labels[specs.ClusterUIDLabel]+")")
+	}
 	for _, c := range children {
 		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: c.name}, c.obj)
 		if err != nil {

@@ -78,11 +78,11 @@ func (o observation) outdatedPods() int {
 }
 
 // healthy is the Ready criterion: every member pod ready, and etcd reporting a leader and exactly
-// the expected voting members, all of them answering.
+// the expected voting members, all of them answering, and no alarm (under which etcd refuses writes).
 func (o observation) healthy(kvc *kvv1.KVCluster) bool {
 	n := int(kvc.Spec.Partitions)
 	return o.readyMembers == kvc.Spec.Partitions && o.cluster != nil && o.cluster.HasLeader &&
-		o.cluster.AllHealthy() && len(o.cluster.Members) == n && o.cluster.Voting() == n
+		o.cluster.AllHealthy() && len(o.cluster.Members) == n && o.cluster.Voting() == n && len(o.cluster.Alarms) == 0
 }
 
 func (o observation) quorumLost() bool { return o.cluster == nil || !o.cluster.HasLeader }
@@ -97,6 +97,11 @@ func (o observation) summary(kvc *kvv1.KVCluster) string {
 		s += "; etcd reports no leader"
 	case o.cluster != nil && o.cluster.Voting() != int(kvc.Spec.Partitions):
 		s += fmt.Sprintf("; etcd has %d voting members", o.cluster.Voting())
+	}
+	if o.cluster != nil {
+		for _, a := range o.cluster.Alarms {
+			s += fmt.Sprintf("; etcd raised the %s alarm for member %x", a.Type, a.MemberID)
+		}
 	}
 	return s
 }

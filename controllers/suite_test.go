@@ -248,6 +248,27 @@ func (f *fakeMembers) Remove(_ context.Context, _ []string, id uint64) error {
 	return nil
 }
 
+func (f *fakeMembers) FenceWrites(context.Context, []string) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return 0, f.err
+	}
+	f.record("fence")
+	if len(f.cluster.Members) > 0 {
+		f.cluster.Alarms = append(f.cluster.Alarms, members.Alarm{MemberID: f.cluster.Members[0].ID, Type: "NOSPACE"})
+	}
+	return 4242, nil
+}
+
+func (f *fakeMembers) DisarmAlarm(_ context.Context, _ []string, a members.Alarm) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("disarm %s %x", a.Type, a.MemberID)
+	f.cluster.Alarms = slices.DeleteFunc(f.cluster.Alarms, func(b members.Alarm) bool { return b == a })
+	return nil
+}
+
 func (f *fakeMembers) set(c members.Cluster, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -137,9 +137,10 @@ func TestBackups(t *testing.T) {
 					Backup: &kvv1.BackupSpec{S3: &kvv1.S3Destination{
 						Endpoint: "s3." + ns + ".svc:7070", Bucket: bucket, Prefix: "e2e", Insecure: true, CredentialsSecret: "s3-credentials",
 					}},
-					// A real HTTP call during deletion: the dying cluster still answers on its client Service.
+					// A real HTTP call during deletion: the dying cluster's members still answer (its
+					// client Service takes no new connections by then: it was drained).
 					Deregistration: &kvv1.DeregistrationSpec{HTTP: &kvv1.HTTPDeregistration{
-						URL: "http://orders-client." + ns + ".svc:2379/version", Method: "GET"}},
+						URL: "http://orders-0.orders-peer." + ns + ".svc:2379/version", Method: "GET"}},
 				},
 			}
 			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
@@ -248,6 +249,9 @@ func TestBackups(t *testing.T) {
 					}
 				}
 			}
+			// The final backup was taken with writes fenced (a NOSPACE alarm, which the snapshot
+			// carries): the restored cluster must take writes all the same.
+			etcdctl(ctx, t, cfg, restored, "orders-restored-0", "put", "orders/3", "the first write after the restore")
 			return ctx
 		}).
 		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {

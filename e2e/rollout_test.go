@@ -66,13 +66,17 @@ func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kv
 }
 
 // writerAsk reads the writer's report through the API server's pod proxy (works on kind too).
-func writerAsk(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, what string) writerReport {
+func writerAsk(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, what string, params ...string) writerReport {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(cfg.Client().RESTConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := cs.CoreV1().Pods(kvc.Namespace).ProxyGet("http", "writer", "8080", "/"+what, nil).DoRaw(ctx)
+	query := map[string]string{}
+	for i := 0; i+1 < len(params); i += 2 {
+		query[params[i]] = params[i+1]
+	}
+	raw, err := cs.CoreV1().Pods(kvc.Namespace).ProxyGet("http", "writer", "8080", "/"+what, query).DoRaw(ctx)
 	if err != nil {
 		t.Fatalf("ask the writer for /%s: %v: %s", what, err, raw)
 	}

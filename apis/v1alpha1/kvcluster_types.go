@@ -166,13 +166,26 @@ type BackupSpec struct {
 	FinalBackupTimeoutSeconds int32 `json:"finalBackupTimeoutSeconds,omitempty"`
 
 	// OnFinalBackupFailure is Proceed (default): when the final backup fails, times out or cannot
-	// start (e.g. the namespace is being deleted), the deletion goes on with a Warning event saying
-	// what was lost, so a namespace teardown or a GitOps prune never hangs. Block keeps the
-	// KVCluster (and its data) until the backup succeeds or a person removes the finalizer.
+	// start, the deletion goes on with a Warning event saying what was lost, so a GitOps prune
+	// never hangs. Block keeps the KVCluster (and its data) until the backup succeeds or a person
+	// annotates kvcluster.io/skip-final-backup=true. When the namespace itself is being deleted,
+	// nothing can be protected (no Job can start, the members are being deleted): the deletion
+	// goes on either way, and the loss is logged by the operator and counted in its metrics.
 	//
 	// +optional
 	// +kubebuilder:default=Proceed
 	OnFinalBackupFailure FinalBackupFailurePolicy `json:"onFinalBackupFailure,omitempty"`
+
+	// DrainSeconds: on deletion, before the final backup, the client Service stops taking new
+	// connections and clients get this long to finish; then writes are fenced (etcd refuses puts,
+	// transactions with writes and lease grants; deletes still pass) so the final backup holds
+	// the cluster's last state. 0 fences at once.
+	//
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=600
+	DrainSeconds *int32 `json:"drainSeconds,omitempty"`
 }
 
 // BackupRetention says which snapshots of scheduled backups are kept in the bucket.
@@ -401,7 +414,58 @@ type BackupRecord struct {
 	// Pruned is how many older snapshots the retention deleted after this one was verified.
 	// +optional
 	Pruned int32 `json:"pruned,omitempty"`
-	// Message is the backup's own account of a failure.
+	// WritesFenced is true for a final backup taken after the cluster stopped accepting writes:
+	// it holds the cluster's last state.
+	// +optional
+	WritesFenced bool `json:"writesFenced,omitempty"`
+	// Message is the backup's own account of a failure, or of the problems a successful backup met.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// DeletionStepName names a step the operator takes when a KVCluster is deleted, before its members go.
+//
+// +kubebuilder:validation:Enum=Drain;FinalBackup;Deregistration
+type DeletionStepName string
+
+const (
+	// StepDrain stops new client connections, waits backup.drainSeconds, and fences writes.
+	StepDrain DeletionStepName = "Drain"
+	// StepFinalBackup takes the final backup.
+	StepFinalBackup DeletionStepName = "FinalBackup"
+	// StepDeregistration runs spec.deregistration.
+	StepDeregistration DeletionStepName = "Deregistration"
+)
+
+// DeletionOutcome is where a deletion step stands.
+//
+// +kubebuilder:validation:Enum=Running;Succeeded;Failed;Skipped
+type DeletionOutcome string
+
+const (
+	DeletionRunning   DeletionOutcome = "Running"
+	DeletionSucceeded DeletionOutcome = "Succeeded"
+	DeletionFailed    DeletionOutcome = "Failed"
+	DeletionSkipped   DeletionOutcome = "Skipped"
+)
+
+// DeletionStep is one step of a deletion in progress.
+type DeletionStep struct {
+	Name    DeletionStepName `json:"name"`
+	Outcome DeletionOutcome  `json:"outcome"`
+	// Job that runs the step, if it runs as one.
+	// +optional
+	Job string `json:"job,omitempty"`
+	// StartTime is when the step began; its time limit counts from there.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// CompletionTime is when the step ended.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+	// Revision is, for Drain, the etcd revision writes were fenced at.
+	// +optional
+	Revision int64 `json:"revision,omitempty"`
+	// Message says what the step did, or why it failed or was skipped.
 	// +optional
 	Message string `json:"message,omitempty"`
 }
@@ -542,6 +606,12 @@ type KVClusterStatus struct {
 	// +listType=map
 	// +listMapKey=name
 	Members []MemberStatus `json:"members,omitempty"`
+
+	// Deletion is where each deletion step stands, once the KVCluster is being deleted.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Deletion []DeletionStep `json:"deletion,omitempty"`
 
 	// Conditions: Ready, Reconciling and Stalled.
 	// +optional

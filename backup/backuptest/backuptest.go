@@ -73,14 +73,21 @@ func lastLines(s string, n int) string {
 // StartEtcd runs a one-member etcd on a data dir and returns its client URL.
 func StartEtcd(t testing.TB, etcd, dataDir, name string) string {
 	t.Helper()
+	return StartEtcdOn(t, etcd, dataDir, name, fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
+}
+
+// StartEtcdOn runs a one-member etcd with the given peer URL (the one a restored data dir was
+// restored for) and returns its client URL once it is ready (/readyz: unlike /health, it does not
+// fail while an alarm is raised).
+func StartEtcdOn(t testing.TB, etcd, dataDir, name, peer string) string {
+	t.Helper()
 	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
 	StartProcess(t, "etcd-"+name, etcd, "--name="+name, "--data-dir="+dataDir,
 		"--listen-client-urls="+client, "--advertise-client-urls="+client,
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
 		"--initial-cluster="+name+"="+peer, "--unsafe-no-fsync")
 	WaitFor(t, "etcd", func() bool {
-		resp, err := http.Get(client + "/health")
+		resp, err := http.Get(client + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 		}

@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -45,6 +47,28 @@ type Cluster struct {
 	Members []Member
 	// HasLeader is true when some member reports a leader and a linearizable request succeeded.
 	HasLeader bool
+	// Alarms etcd has raised. Under a NOSPACE alarm etcd refuses writes.
+	Alarms []Alarm
+}
+
+// Alarm is an alarm etcd raised for one member: NOSPACE (its database reached the quota, or
+// writes were fenced) or CORRUPT.
+type Alarm struct {
+	MemberID uint64
+	Type     string
+}
+
+// StaleAlarms are the alarms of members the cluster no longer has: a cluster restored from a
+// snapshot starts with the alarms of the cluster the snapshot was taken from (a final backup is
+// taken with writes fenced by a NOSPACE alarm), and would refuse writes for ever.
+func (c Cluster) StaleAlarms() []Alarm {
+	var stale []Alarm
+	for _, a := range c.Alarms {
+		if !slices.ContainsFunc(c.Members, func(m Member) bool { return m.ID == a.MemberID }) {
+			stale = append(stale, a)
+		}
+	}
+	return stale
 }
 
 // Voting counts the members that vote (are not learners).
@@ -95,6 +119,12 @@ type Client interface {
 	// Remove takes a member out of the cluster. Send it through the other members: the member
 	// being removed answers "server stopped" even when the removal was applied.
 	Remove(ctx context.Context, endpoints []string, id uint64) error
+	// FenceWrites makes the cluster refuse writes from now on: it raises the NOSPACE alarm, under
+	// which etcd refuses puts, transactions with writes and lease grants (deletes still pass). It
+	// returns the revision writes stopped at.
+	FenceWrites(ctx context.Context, endpoints []string) (int64, error)
+	// DisarmAlarm clears an alarm.
+	DisarmAlarm(ctx context.Context, endpoints []string, a Alarm) error
 }
 
 var (
@@ -153,6 +183,7 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 	// crash-looping pod) must not make the ones asked after it look unhealthy.
 	out := Cluster{Members: make([]Member, len(list.Members))}
 	var wg sync.WaitGroup
+	var alarmed atomic.Bool
 	for i, m := range list.Members {
 		out.Members[i] = Member{ID: m.ID, Name: m.Name, Learner: m.IsLearner, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs}
 		url, known := urlOf(out.Members[i])
@@ -166,6 +197,9 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 			if err != nil {
 				return
 			}
+			if len(st.Errors) > 0 {
+				alarmed.Store(true)
+			}
 			mem := &out.Members[i]
 			mem.Healthy = true
 			mem.Version = st.Version
@@ -178,6 +212,17 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 	for _, m := range out.Members {
 		if m.Leader {
 			out.HasLeader = true
+		}
+	}
+	// A member lists the alarms in its status errors; only then is the alarm list (a request
+	// through raft) read.
+	if alarmed.Load() {
+		resp, err := cli.AlarmList(ctx)
+		if err != nil {
+			return Cluster{}, fmt.Errorf("%w: list alarms: %v", ErrNoQuorum, err)
+		}
+		for _, a := range resp.Alarms {
+			out.Alarms = append(out.Alarms, Alarm{MemberID: a.MemberID, Type: a.Alarm.String()})
 		}
 	}
 	slices.SortFunc(out.Members, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
@@ -242,6 +287,30 @@ func (e EtcdClient) Promote(ctx context.Context, endpoints []string, id uint64) 
 		_, err := cli.MemberPromote(ctx, id)
 		return err
 	}))
+}
+
+func (e EtcdClient) FenceWrites(ctx context.Context, endpoints []string) (int64, error) {
+	var revision int64
+	err := e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+		list, err := cli.MemberList(ctx) // linearizable: the alarm goes to a cluster with a quorum
+		if err != nil {
+			return err
+		}
+		resp, err := pb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx,
+			&pb.AlarmRequest{Action: pb.AlarmRequest_ACTIVATE, MemberID: list.Header.MemberId, Alarm: pb.AlarmType_NOSPACE})
+		if err == nil {
+			revision = resp.Header.Revision
+		}
+		return err
+	})
+	return revision, err
+}
+
+func (e EtcdClient) DisarmAlarm(ctx context.Context, endpoints []string, a Alarm) error {
+	return e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: a.MemberID, Alarm: pb.AlarmType(pb.AlarmType_value[a.Type])})
+		return err
+	})
 }
 
 func (e EtcdClient) Remove(ctx context.Context, endpoints []string, id uint64) error {

@@ -8,10 +8,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup"
 )
 
 // BackupKindLabel tells scheduled backup Jobs from the final one.
@@ -23,6 +25,9 @@ const (
 
 	// TargetVersionAnnotation on the pre-upgrade backup Job names the version it was taken for.
 	TargetVersionAnnotation = "kvcluster.io/target-version"
+	// WritesFencedAnnotation on a final backup Job is the revision writes were fenced at before it
+	// started: the backup holds the cluster's last state.
+	WritesFencedAnnotation = "kvcluster.io/writes-fenced-at-revision"
 )
 
 // BackupRun is one backup: the Job that takes it and the object it writes. Job names are
@@ -31,6 +36,10 @@ const (
 // earlier one (a second upgrade, a cluster re-created under the same name).
 type BackupRun struct {
 	Job, Kind, Key string
+	// Guard is the UID of the cluster's deletion guard, for the final backup (see Guard).
+	Guard types.UID
+	// Annotations of the Job, e.g. whether writes were fenced before a final backup.
+	Annotations map[string]string
 }
 
 // ScheduledBackupRun is the backup of one schedule slot; the Job's name is already unique per slot.
@@ -79,8 +88,11 @@ func BackupObjectKey(kvc *kvv1.KVCluster, file string) string {
 	return strings.TrimPrefix(path.Join(prefix, kvc.Namespace, kvc.Name, string(kvc.UID), file+".db"), "/")
 }
 
-// reportMargin is how long before its Job's deadline a program stops, to report its failure.
-func reportMargin(deadline int64) int64 { return max(10, deadline/10) }
+// reportMargin is how long before its Job's deadline the backup program gives up: it still
+// needs up to backup.StopTimeout to abort its upload and say why.
+func reportMargin(deadline int64) int64 {
+	return int64(backup.StopTimeout/time.Second) + 5 + deadline/10
+}
 
 const (
 	backupVolume = "backups"
@@ -164,7 +176,8 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 	}
 	return batchv1ac.Job(run.Job, kvc.Namespace).
 		WithLabels(labels).
-		WithOwnerReferences(OwnerReference(kvc)).
+		WithAnnotations(run.Annotations).
+		WithOwnerReferences(Owners(kvc, run.Guard)...).
 		WithSpec(batchv1ac.JobSpec().
 			WithBackoffLimit(0).
 			WithActiveDeadlineSeconds(deadline).

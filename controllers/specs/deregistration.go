@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
@@ -17,11 +18,14 @@ const DeletionStepLabel = "kvcluster.io/deletion-step"
 func DeregistrationJobName(kvc *kvv1.KVCluster) string { return kvc.Name + "-deregister" }
 
 // DeregistrationJob runs the user's deregistration step once: an HTTP call made by the operator's
-// image (the URL may come from a Secret, which only this pod sees) or the user's own container.
-func DeregistrationJob(kvc *kvv1.KVCluster, operatorImage string) *batchv1ac.JobApplyConfiguration {
+// image (the URL may come from a Secret, which only this pod sees; the program never writes more
+// of it than scheme://host) or the user's own container. Only what a container writes to its
+// termination log is reported, never its logs: they may hold what the Secret held. guard is the
+// UID of the cluster's deletion guard (see Guard).
+func DeregistrationJob(kvc *kvv1.KVCluster, operatorImage string, guard types.UID) *batchv1ac.JobApplyConfiguration {
 	d := kvc.Spec.Deregistration
 	c := corev1ac.Container().WithName("deregister").WithImagePullPolicy(corev1.PullIfNotPresent).
-		WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError).
+		WithTerminationMessagePolicy(corev1.TerminationMessageReadFile).
 		WithSecurityContext(restrictedContainer())
 	if h := d.HTTP; h != nil {
 		url := corev1ac.EnvVar().WithName("DEREGISTRATION_URL")
@@ -40,7 +44,7 @@ func DeregistrationJob(kvc *kvv1.KVCluster, operatorImage string) *batchv1ac.Job
 	labels[DeletionStepLabel] = "deregister"
 	return batchv1ac.Job(DeregistrationJobName(kvc), kvc.Namespace).
 		WithLabels(labels).
-		WithOwnerReferences(OwnerReference(kvc)).
+		WithOwnerReferences(Owners(kvc, guard)...).
 		WithSpec(batchv1ac.JobSpec().
 			WithBackoffLimit(0).
 			WithActiveDeadlineSeconds(int64(d.TimeoutSeconds)).

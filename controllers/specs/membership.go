@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -46,10 +47,12 @@ func MembershipConfigMapName(kvc *kvv1.KVCluster) string { return kvc.Name + "-m
 
 // MembershipConfigMap holds etcd's --initial-cluster and --initial-cluster-state for members
 // starting without data. Members with data ignore both.
-func MembershipConfigMap(kvc *kvv1.KVCluster, m Membership) *corev1ac.ConfigMapApplyConfiguration {
+// guard is the UID of the cluster's deletion guard, if it has one: members restarting while the
+// final backup runs read it.
+func MembershipConfigMap(kvc *kvv1.KVCluster, m Membership, guard types.UID) *corev1ac.ConfigMapApplyConfiguration {
 	return corev1ac.ConfigMap(MembershipConfigMapName(kvc), kvc.Namespace).
 		WithLabels(Labels(kvc)).
-		WithOwnerReferences(OwnerReference(kvc)).
+		WithOwnerReferences(Owners(kvc, guard)...).
 		WithData(map[string]string{
 			keyInitialCluster:      initialCluster(kvc, m.Ordinals),
 			keyInitialClusterState: m.State,

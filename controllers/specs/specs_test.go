@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
@@ -102,20 +103,67 @@ func TestImage(t *testing.T) {
 
 func TestServices(t *testing.T) {
 	kvc := cluster(3)
-	peer := PeerService(kvc)
+	peer := PeerService(kvc, "")
 	if *peer.Name != "kv-peer" || *peer.Spec.ClusterIP != corev1.ClusterIPNone || !*peer.Spec.PublishNotReadyAddresses {
 		t.Errorf("peer Service must be headless and publish not-ready addresses: %+v", peer.Spec)
 	}
 	if len(peer.Spec.Ports) != 2 || *peer.Spec.Ports[1].Port != PeerPort {
 		t.Errorf("peer Service ports = %+v", peer.Spec.Ports)
 	}
-	cl := ClientService(kvc)
+	cl := ClientService(kvc, time.Time{})
 	if *cl.Name != "kv-client" || *cl.Spec.Type != corev1.ServiceTypeClusterIP || cl.Spec.PublishNotReadyAddresses != nil {
 		t.Errorf("client Service must be a ClusterIP over ready members only: %+v", cl.Spec)
 	}
 	if cl.Spec.Selector["app.kubernetes.io/instance"] != "kv" {
 		t.Errorf("client Service selector = %v", cl.Spec.Selector)
 	}
+	drained := ClientService(kvc, time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC))
+	if _, matchesMembers := drained.Spec.Selector[drainedLabel]; !matchesMembers || drained.Spec.Selector["app.kubernetes.io/instance"] != "kv" ||
+		drained.Annotations[DrainedAtAnnotation] != "2026-11-30T10:00:00Z" {
+		t.Errorf("a drained client Service must select no member and say since when: %v %v", drained.Spec.Selector, drained.Annotations)
+	}
+}
+
+// TestTheGuardOwnsWhatTheDeletionStepsNeed: while a cluster has deletion steps, what they need has
+// the guard as a second owner (it keeps the garbage collector from deleting it during a
+// foreground deletion); the rest, and everything when there is no guard, only the KVCluster.
+func TestTheGuardOwnsWhatTheDeletionStepsNeed(t *testing.T) {
+	kvc := cluster(3)
+	kvc.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "b"}}
+	kvc.Spec.Deregistration = &kvv1.DeregistrationSpec{Job: &kvv1.JobDeregistration{Image: "i"}}
+	guarded := map[string][]metav1ac.OwnerReferenceApplyConfiguration{
+		"StatefulSet":  StatefulSet(kvc, MemberSet{Replicas: 3, Guard: "guard-1"}).OwnerReferences,
+		"peer Service": PeerService(kvc, "guard-1").OwnerReferences,
+		"ConfigMap":    MembershipConfigMap(kvc, NewClusterMembership(kvc), "guard-1").OwnerReferences,
+		"final backup": BackupJob(kvc, BackupRun{Job: "kv-final", Kind: BackupFinal, Key: "k", Guard: "guard-1"}, "op:1").OwnerReferences,
+		"deregister":   DeregistrationJob(kvc, "op:1", "guard-1").OwnerReferences,
+	}
+	for what, refs := range guarded {
+		if len(refs) != 2 || *refs[0].UID != "uid-1" || !*refs[0].Controller || *refs[1].UID != "guard-1" || *refs[1].Name != "kv-guard" ||
+			refs[1].Controller != nil || refs[1].BlockOwnerDeletion != nil {
+			t.Errorf("%s owners = %s, want the KVCluster (controller) and the guard", what, ownersOf(refs))
+		}
+	}
+	for what, refs := range map[string][]metav1ac.OwnerReferenceApplyConfiguration{
+		"client Service": ClientService(kvc, time.Time{}).OwnerReferences,
+		"PDB":            PodDisruptionBudget(kvc, 3).OwnerReferences,
+		"no guard":       StatefulSet(kvc, MemberSet{Replicas: 3}).OwnerReferences,
+	} {
+		if len(refs) != 1 || *refs[0].UID != "uid-1" {
+			t.Errorf("%s owners = %s, want only the KVCluster", what, ownersOf(refs))
+		}
+	}
+	if g := Guard(kvc); len(g.OwnerReferences) != 0 || g.Labels[ClusterUIDLabel] != "uid-1" || g.Labels[ManagedByLabel] != ManagedByValue {
+		t.Errorf("the guard must have no owner and name its cluster: %+v", g.ObjectMetaApplyConfiguration)
+	}
+}
+
+func ownersOf(refs []metav1ac.OwnerReferenceApplyConfiguration) string {
+	var out []string
+	for _, r := range refs {
+		out = append(out, *r.Kind+"/"+*r.Name)
+	}
+	return strings.Join(out, ", ")
 }
 
 func TestStatefulSet(t *testing.T) {
@@ -290,13 +338,13 @@ func TestBackupJob(t *testing.T) {
 	}{
 		{name: "scheduled", run: ScheduledBackupRun(kvc, "kv-100"),
 			wantArgs: []string{"backup", "--key=team/prod/kv/uid-1/kv-100.db", "--endpoints=http://kv-0.kv-peer.prod.svc:2379,",
-				"--prune-cluster=kv", "--keep-last=5", "--max-age=72h0m0s", "--timeout=1620s"},
+				"--prune-cluster=kv", "--keep-last=5", "--max-age=72h0m0s", "--timeout=1605s"},
 			unwantedArgs: []string{"--insecure"}, deadline: 1800},
 		{name: "final", run: FinalBackupRun(kvc, at),
-			wantArgs:     []string{"backup", "--key=team/prod/kv/uid-1/kv-final-20261130T101500Z.db", "--timeout=108s"},
+			wantArgs:     []string{"backup", "--key=team/prod/kv/uid-1/kv-final-20261130T101500Z.db", "--timeout=93s"},
 			unwantedArgs: []string{"--prune-cluster", "--keep-last"}, deadline: 120},
 		{name: "pre-upgrade", run: PreUpgradeBackupRun(kvc, at),
-			wantArgs:     []string{"backup", "--key=team/prod/kv/uid-1/kv-preupgrade-3.7.3-20261130T101500Z.db", "--timeout=1620s"},
+			wantArgs:     []string{"backup", "--key=team/prod/kv/uid-1/kv-preupgrade-3.7.3-20261130T101500Z.db", "--timeout=1605s"},
 			unwantedArgs: []string{"--prune-cluster", "--keep-last"}, deadline: 1800},
 	}
 	for _, tt := range tests {
@@ -377,7 +425,7 @@ func TestMembershipConfigMap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cm := MembershipConfigMap(kvc, tt.membership)
+			cm := MembershipConfigMap(kvc, tt.membership, "")
 			if *cm.Name != "kv-members" || cm.Data["initial-cluster"] != tt.wantCluster || cm.Data["initial-cluster-state"] != tt.membership.State {
 				t.Errorf("ConfigMap %s data = %v, want %s (%s)", *cm.Name, cm.Data, tt.wantCluster, tt.membership.State)
 			}

@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -52,6 +53,8 @@ type MemberSet struct {
 	// backup; members started later (scaled up, replaced, upgraded) join the running cluster
 	// and must not need the backup's store, its credentials or its claim.
 	Bootstrapping bool
+	// Guard is the UID of the cluster's deletion guard, if it has one.
+	Guard types.UID
 	// UnlabelledClaims keeps the claim template of a StatefulSet made by an earlier release, whose
 	// claims do not carry the cluster's UID: a StatefulSet's claim templates cannot change.
 	UnlabelledClaims bool
@@ -62,7 +65,7 @@ func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyC
 	img := set.Images
 	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
 		WithLabels(Labels(kvc)).
-		WithOwnerReferences(OwnerReference(kvc)).
+		WithOwnerReferences(Owners(kvc, set.Guard)...).
 		WithSpec(appsv1ac.StatefulSetSpec().
 			WithReplicas(set.Replicas).
 			WithServiceName(PeerServiceName(kvc)).

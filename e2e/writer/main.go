@@ -3,7 +3,8 @@
 // heals the cluster. It serves what it saw on :8080 (read through the API server's pod proxy):
 //
 //	/report  writes acknowledged and failed so far, and the longest time without a successful write
-//	/stop    stops writing, then checks that every acknowledged key is present and says which are not
+//	/stop    stops writing, then checks that every acknowledged key is present and says which are not;
+//	         ?endpoints=... checks in another cluster (one restored from a backup of this one)
 package main
 
 import (
@@ -134,7 +135,21 @@ func main() {
 	}
 	http.HandleFunc("/report", func(rw http.ResponseWriter, _ *http.Request) { reply(rw, w.report(), nil) })
 	http.HandleFunc("/stop", func(rw http.ResponseWriter, r *http.Request) {
-		rep, err := w.check(r.Context())
+		checker := w
+		if eps := r.URL.Query().Get("endpoints"); eps != "" {
+			other, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(eps, ","), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			if err != nil {
+				reply(rw, Report{}, err)
+				return
+			}
+			defer func() { _ = other.Close() }()
+			checker = &writer{cli: other, prefix: w.prefix}
+			w.mu.Lock()
+			w.stopped = true
+			checker.acked, checker.failed, checker.longest, checker.lastSuccess, checker.lastErr = w.acked, w.failed, w.longest, w.lastSuccess, w.lastErr
+			w.mu.Unlock()
+		}
+		rep, err := checker.check(r.Context())
 		reply(rw, rep, err)
 	})
 	log.Fatal(http.ListenAndServe(":8080", nil))

@@ -56,6 +56,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: succeeded
       type:
         scalar: boolean
+    - name: writesFenced
+      type:
+        scalar: boolean
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRetention
   map:
     fields:
@@ -69,6 +72,10 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupSpec
   map:
     fields:
+    - name: drainSeconds
+      type:
+        scalar: numeric
+      default: 10
     - name: finalBackup
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.FinalBackupPolicy
@@ -106,6 +113,34 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: timeZone
       type:
         scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionOutcome
+  scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionStep
+  map:
+    fields:
+    - name: completionTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: job
+      type:
+        scalar: string
+    - name: message
+      type:
+        scalar: string
+    - name: name
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionStepName
+    - name: outcome
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionOutcome
+    - name: revision
+      type:
+        scalar: numeric
+    - name: startTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionStepName
+  scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeregistrationSpec
   map:
     fields:
@@ -228,6 +263,14 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: currentVersion
       type:
         scalar: string
+    - name: deletion
+      type:
+        list:
+          elementType:
+            namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionStep
+          elementRelationship: associative
+          keys:
+          - name
     - name: lastBackup
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRecord

@@ -30,7 +30,10 @@ type BackupRecordApplyConfiguration struct {
 	CompletionTime *v1.Time `json:"completionTime,omitempty"`
 	// Pruned is how many older snapshots the retention deleted after this one was verified.
 	Pruned *int32 `json:"pruned,omitempty"`
-	// Message is the backup's own account of a failure.
+	// WritesFenced is true for a final backup taken after the cluster stopped accepting writes:
+	// it holds the cluster's last state.
+	WritesFenced *bool `json:"writesFenced,omitempty"`
+	// Message is the backup's own account of a failure, or of the problems a successful backup met.
 	Message *string `json:"message,omitempty"`
 }
 
@@ -109,6 +112,14 @@ func (b *BackupRecordApplyConfiguration) WithCompletionTime(value v1.Time) *Back
 // If called multiple times, the Pruned field is set to the value of the last call.
 func (b *BackupRecordApplyConfiguration) WithPruned(value int32) *BackupRecordApplyConfiguration {
 	b.Pruned = &value
+	return b
+}
+
+// WithWritesFenced sets the WritesFenced field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the WritesFenced field is set to the value of the last call.
+func (b *BackupRecordApplyConfiguration) WithWritesFenced(value bool) *BackupRecordApplyConfiguration {
+	b.WritesFenced = &value
 	return b
 }
 

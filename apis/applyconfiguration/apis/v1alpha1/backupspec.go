@@ -36,10 +36,17 @@ type BackupSpecApplyConfiguration struct {
 	// FinalBackupTimeoutSeconds bounds the wait for the final backup.
 	FinalBackupTimeoutSeconds *int32 `json:"finalBackupTimeoutSeconds,omitempty"`
 	// OnFinalBackupFailure is Proceed (default): when the final backup fails, times out or cannot
-	// start (e.g. the namespace is being deleted), the deletion goes on with a Warning event saying
-	// what was lost, so a namespace teardown or a GitOps prune never hangs. Block keeps the
-	// KVCluster (and its data) until the backup succeeds or a person removes the finalizer.
+	// start, the deletion goes on with a Warning event saying what was lost, so a GitOps prune
+	// never hangs. Block keeps the KVCluster (and its data) until the backup succeeds or a person
+	// annotates kvcluster.io/skip-final-backup=true. When the namespace itself is being deleted,
+	// nothing can be protected (no Job can start, the members are being deleted): the deletion
+	// goes on either way, and the loss is logged by the operator and counted in its metrics.
 	OnFinalBackupFailure *apisv1alpha1.FinalBackupFailurePolicy `json:"onFinalBackupFailure,omitempty"`
+	// DrainSeconds: on deletion, before the final backup, the client Service stops taking new
+	// connections and clients get this long to finish; then writes are fenced (etcd refuses puts,
+	// transactions with writes and lease grants; deletes still pass) so the final backup holds
+	// the cluster's last state. 0 fences at once.
+	DrainSeconds *int32 `json:"drainSeconds,omitempty"`
 }
 
 // BackupSpecApplyConfiguration constructs a declarative configuration of the BackupSpec type for use with
@@ -125,5 +132,13 @@ func (b *BackupSpecApplyConfiguration) WithFinalBackupTimeoutSeconds(value int32
 // If called multiple times, the OnFinalBackupFailure field is set to the value of the last call.
 func (b *BackupSpecApplyConfiguration) WithOnFinalBackupFailure(value apisv1alpha1.FinalBackupFailurePolicy) *BackupSpecApplyConfiguration {
 	b.OnFinalBackupFailure = &value
+	return b
+}
+
+// WithDrainSeconds sets the DrainSeconds field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the DrainSeconds field is set to the value of the last call.
+func (b *BackupSpecApplyConfiguration) WithDrainSeconds(value int32) *BackupSpecApplyConfiguration {
+	b.DrainSeconds = &value
 	return b
 }

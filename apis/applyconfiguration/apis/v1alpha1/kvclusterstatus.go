@@ -36,6 +36,8 @@ type KVClusterStatusApplyConfiguration struct {
 	ClientEndpoint *string `json:"clientEndpoint,omitempty"`
 	// Members is what etcd reports about each member.
 	Members []MemberStatusApplyConfiguration `json:"members,omitempty"`
+	// Deletion is where each deletion step stands, once the KVCluster is being deleted.
+	Deletion []DeletionStepApplyConfiguration `json:"deletion,omitempty"`
 	// Conditions: Ready, Reconciling and Stalled.
 	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
@@ -135,6 +137,19 @@ func (b *KVClusterStatusApplyConfiguration) WithMembers(values ...*MemberStatusA
 			panic("nil value passed to WithMembers")
 		}
 		b.Members = append(b.Members, *values[i])
+	}
+	return b
+}
+
+// WithDeletion adds the given value to the Deletion field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Deletion field.
+func (b *KVClusterStatusApplyConfiguration) WithDeletion(values ...*DeletionStepApplyConfiguration) *KVClusterStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithDeletion")
+		}
+		b.Deletion = append(b.Deletion, *values[i])
 	}
 	return b
 }

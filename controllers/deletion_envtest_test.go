@@ -1,0 +1,244 @@
+package controllers
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+func (h *harness) job(ns, name string) (*batchv1.Job, bool) {
+	h.t.Helper()
+	job := &batchv1.Job{}
+	err := h.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, job)
+	if client.IgnoreNotFound(err) != nil {
+		h.t.Fatal(err)
+	}
+	return job, err == nil
+}
+
+// TestDeletionStepTimeLimitsCountFromEachStepsStart: a final backup that takes longer than the
+// deregistration's time limit must not make the deregistration be skipped, and a step is given
+// up only once its own Job ran past its limit.
+func TestDeletionStepTimeLimitsCountFromEachStepsStart(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("steplimits")
+	kvc := withHTTPDeregistration(withBackups(newKVCluster(ns, "kv", 1), ""))
+	kvc.Spec.Backup.FinalBackupTimeoutSeconds = 600
+	kvc.Spec.Deregistration.TimeoutSeconds = 30
+	h.readyCluster(kvc)
+	h.deleteAndReconcile(kvc)
+	final, ok := h.job(ns, "kv-final")
+	if !ok {
+		t.Fatal("no final backup Job")
+	}
+	h.clock.SetTime(h.clock.Now().Add(5 * time.Minute)) // a long final backup, longer than the deregistration's limit
+	h.finishJob(final, true, successReport("team/"+ns+"/kv/uid/kv-final-x.db"))
+	h.reconcile(kvc)
+	if _, ok := h.job(ns, "kv-deregister"); !ok {
+		t.Fatalf("the deregistration was skipped after a long final backup; events: %s", drainEvents(h))
+	}
+	h.reconcile(kvc)
+	if h.gone(kvc) {
+		t.Fatal("deleted while the deregistration runs")
+	}
+	h.clock.SetTime(h.clock.Now().Add(30*time.Second + time.Minute + time.Second))
+	h.reconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatal("a deregistration past its own time limit must be given up (Proceed)")
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning DeregistrationFailed") || !strings.Contains(ev, "did not finish within 30s") {
+		t.Errorf("events = %q, want the deregistration given up after its own limit", ev)
+	}
+}
+
+// TestDeletingTheNamespaceNeverHangsAndTheLossIsCounted: in a namespace being deleted no Job can
+// start and the members are going: even with Block the deletion goes on (holding it protects
+// nothing), and the lost final backup is logged and counted in the operator's metrics, which
+// outlive the namespace (its events cannot be written any more).
+func TestDeletingTheNamespaceNeverHangsAndTheLossIsCounted(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("nsblock")
+	kvc := withBackups(newKVCluster(ns, "kv", 1), "")
+	kvc.Spec.Backup.OnFinalBackupFailure = kvv1.FinalBackupBlock
+	h.readyCluster(kvc)
+	lost := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted"))
+	// envtest runs no namespace controller: the namespace stays Terminating.
+	if err := h.client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	h.deleteAndReconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatalf("a KVCluster with Block held its namespace's deletion: %+v", h.fresh(kvc).Status.Deletion)
+	}
+	if got := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted")); got != lost+1 {
+		t.Errorf("kvcluster_final_backups_lost_total{reason=namespace_deleted} went from %v to %v, want one more", lost, got)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "namespace is being deleted") || !strings.Contains(ev, "no backup of this cluster exists") {
+		t.Errorf("events = %q, want why no final backup was taken and what is lost", ev)
+	}
+}
+
+// TestFinalBackupWaitsForDrainedClientsAndFencedWrites: before the final backup the client
+// Service stops taking connections, clients get drainSeconds, and writes are fenced, so the
+// backup holds the cluster's last state; its record and event say so.
+func TestFinalBackupWaitsForDrainedClientsAndFencedWrites(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("drain")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 3), ""))
+	if err := h.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	var svc corev1.Service
+	h.get(&svc, ns, "kv-client")
+	if svc.Spec.Selector["kvcluster.io/drained"] != "true" || svc.Annotations[specs.DrainedAtAnnotation] == "" {
+		t.Errorf("the client Service still selects the members: %v", svc.Spec.Selector)
+	}
+	if _, started := h.job(ns, "kv-final"); started || slices.Contains(h.members.takeCalls(), "fence") {
+		t.Fatal("the final backup started, or writes were fenced, before clients had their drain time")
+	}
+	h.clock.SetTime(h.clock.Now().Add(5 * time.Second))
+	h.reconcile(kvc)
+	if _, started := h.job(ns, "kv-final"); started {
+		t.Fatal("the final backup started before drainSeconds (10) passed")
+	}
+	h.clock.SetTime(h.clock.Now().Add(6 * time.Second))
+	h.reconcile(kvc)
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"fence"}) {
+		t.Errorf("etcd calls = %v, want writes fenced once", calls)
+	}
+	final, started := h.job(ns, "kv-final")
+	if !started || final.Annotations[specs.WritesFencedAnnotation] != "4242" {
+		t.Fatalf("final backup Job started %t, annotations %v; want it to start after the fence at revision 4242", started, final.Annotations)
+	}
+	drain, _ := findStep(h.fresh(kvc).Status.Deletion, kvv1.StepDrain)
+	if drain.Outcome != kvv1.DeletionSucceeded || drain.Revision != 4242 {
+		t.Errorf("drain step = %+v", drain)
+	}
+	h.finishJob(final, true, successReport("team/"+ns+"/kv/uid/kv-final-x.db"))
+	h.reconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatal("still there after the final backup")
+	}
+	ev := drainEvents(h)
+	for _, want := range []string{"DrainStarted", "WritesFenced", "fenced at revision 4242", "writes were fenced: it holds the cluster's last state"} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("events lack %q:\n%s", want, ev)
+		}
+	}
+}
+
+// TestTheGuardOwnsWhatTheFinalBackupNeeds: while a cluster has deletion steps, a guard ConfigMap
+// owned by no one is a second owner of the members' StatefulSet, the peer Service and the
+// membership ConfigMap, so even a foreground deletion (Argo CD's default for prunes) leaves them
+// to the final backup; once the steps ran, the operator deletes the guard and the garbage
+// collector takes the rest. Without deletion steps there is no guard.
+func TestTheGuardOwnsWhatTheFinalBackupNeeds(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("guard")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 3), ""))
+	var guard corev1.ConfigMap
+	h.get(&guard, ns, "kv-guard")
+	if len(guard.OwnerReferences) != 0 {
+		t.Errorf("the guard must be owned by no one: %v", guard.OwnerReferences)
+	}
+	guarded := func() map[string]bool {
+		out := map[string]bool{}
+		for what, obj := range map[string]client.Object{"StatefulSet kv": &appsv1.StatefulSet{}, "Service kv-peer": &corev1.Service{},
+			"ConfigMap kv-members": &corev1.ConfigMap{}, "Service kv-client": &corev1.Service{}} {
+			h.get(obj, ns, strings.Fields(what)[1])
+			out[what] = slices.ContainsFunc(obj.GetOwnerReferences(), func(r metav1.OwnerReference) bool { return r.UID == guard.UID })
+		}
+		return out
+	}
+	want := map[string]bool{"StatefulSet kv": true, "Service kv-peer": true, "ConfigMap kv-members": true, "Service kv-client": false}
+	if got := guarded(); !maps.Equal(got, want) {
+		t.Errorf("guarded objects = %v, want %v", got, want)
+	}
+	h.assertIdle(kvc, "with a guard")
+
+	// No deletion step wanted any more: the guard goes, after its objects stopped naming it.
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { k.Spec.Backup = nil })
+	h.reconcile(kvc)
+	if got := guarded(); !maps.Equal(got, map[string]bool{"StatefulSet kv": false, "Service kv-peer": false, "ConfigMap kv-members": false, "Service kv-client": false}) {
+		t.Errorf("after the backup was removed, guarded objects = %v", got)
+	}
+	if err := h.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "kv-guard"}, &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the guard outlived the deletion steps: %v", err)
+	}
+
+	// With deletion steps again, the guard goes only once they ran.
+	h.setSpec(kvc, func(k *kvv1.KVCluster) { withBackups(k, "") })
+	h.reconcile(kvc)
+	h.get(&guard, ns, "kv-guard")
+	h.deleteAndReconcile(kvc)
+	h.get(&guard, ns, "kv-guard") // still there while the final backup runs
+	final, _ := h.job(ns, "kv-final")
+	if !slices.ContainsFunc(final.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == guard.UID }) {
+		t.Errorf("the final backup Job is not guarded: %v", final.OwnerReferences)
+	}
+	h.finishJob(final, true, successReport("team/"+ns+"/kv/uid/kv-final-x.db"))
+	h.reconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatal("still there after the final backup")
+	}
+	if err := h.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "kv-guard"}, &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the guard outlived the deletion: %v", err)
+	}
+}
+
+// TestStaleAlarmsOfARestoredClusterAreDisarmed: a cluster restored from a final backup starts
+// with the NOSPACE alarm the fence raised in the cluster the backup came from; it is not Ready
+// (etcd refuses writes) until the operator disarmed it. An alarm of a member of its own is
+// reported, not disarmed.
+func TestStaleAlarmsOfARestoredClusterAreDisarmed(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("alarms")
+	kvc := newKVCluster(ns, "kv", 3)
+	h.create(kvc)
+	answer := etcdAnswer(3, "3.7.3")
+	answer.Alarms = []members.Alarm{{MemberID: 0xdead, Type: "NOSPACE"}}
+	h.members.set(answer, nil)
+	h.reconcile(kvc)
+	h.setMembersReady(kvc, 3)
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseReady && meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
+		t.Error("Ready while etcd refuses writes under an alarm")
+	}
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"disarm NOSPACE dead"}) {
+		t.Errorf("etcd calls = %v, want the stale alarm disarmed", calls)
+	}
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
+		t.Errorf("not Ready once the stale alarm was disarmed: %+v", findCondition(got, kvv1.ConditionReady))
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "StaleAlarmDisarmed") {
+		t.Errorf("events = %q, want StaleAlarmDisarmed", ev)
+	}
+
+	h.members.update(func(c *members.Cluster) { c.Alarms = []members.Alarm{{MemberID: 2, Type: "NOSPACE"}} })
+	h.reconcile(kvc)
+	ready := findCondition(h.fresh(kvc), kvv1.ConditionReady)
+	if ready.Status != metav1.ConditionFalse || !strings.Contains(ready.Message, "NOSPACE alarm for member 2") {
+		t.Errorf("Ready = %+v, want False naming the alarm", ready)
+	}
+	if calls := h.members.takeCalls(); len(calls) != 0 {
+		t.Errorf("the alarm of a member of its own was acted on: %v", calls)
+	}
+}
