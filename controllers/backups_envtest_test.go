@@ -338,25 +338,6 @@ func TestFinalBackupBlocksWhenAskedTo(t *testing.T) {
 	}
 }
 
-func TestFinalBackupFailsOpenInATerminatingNamespace(t *testing.T) {
-	h := newHarness(t)
-	ns := h.namespace("nsgone")
-	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
-	ctx := context.Background()
-	// envtest runs no namespace controller: the namespace stays Terminating, as while a real one
-	// is waiting for its contents to go, and refuses new objects such as a Job.
-	if err := h.client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	h.deleteAndReconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatal("the KVCluster must not hold up its namespace's deletion")
-	}
-	if ev := drainEvents(h); !strings.Contains(ev, "namespace is being deleted") {
-		t.Errorf("events = %q, want the reason no final backup was taken", ev)
-	}
-}
-
 func names(jobs []batchv1.Job) []string {
 	var out []string
 	for _, j := range jobs {

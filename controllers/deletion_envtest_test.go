@@ -72,25 +72,30 @@ func TestDeletionStepTimeLimitsCountFromEachStepsStart(t *testing.T) {
 // nothing), and the lost final backup is logged and counted in the operator's metrics, which
 // outlive the namespace (its events cannot be written any more).
 func TestDeletingTheNamespaceNeverHangsAndTheLossIsCounted(t *testing.T) {
-	h := newHarness(t)
-	ns := h.namespace("nsblock")
-	kvc := withBackups(newKVCluster(ns, "kv", 1), "")
-	kvc.Spec.Backup.OnFinalBackupFailure = kvv1.FinalBackupBlock
-	h.readyCluster(kvc)
-	lost := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted"))
-	// envtest runs no namespace controller: the namespace stays Terminating.
-	if err := h.client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	h.deleteAndReconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatalf("a KVCluster with Block held its namespace's deletion: %+v", h.fresh(kvc).Status.Deletion)
-	}
-	if got := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted")); got != lost+1 {
-		t.Errorf("kvcluster_final_backups_lost_total{reason=namespace_deleted} went from %v to %v, want one more", lost, got)
-	}
-	if ev := drainEvents(h); !strings.Contains(ev, "namespace is being deleted") || !strings.Contains(ev, "no backup of this cluster exists") {
-		t.Errorf("events = %q, want why no final backup was taken and what is lost", ev)
+	for _, policy := range []kvv1.FinalBackupFailurePolicy{kvv1.FinalBackupProceed, kvv1.FinalBackupBlock} {
+		t.Run(string(policy), func(t *testing.T) {
+			h := newHarness(t)
+			ns := h.namespace("nsgone")
+			kvc := withBackups(newKVCluster(ns, "kv", 1), "")
+			kvc.Spec.Backup.OnFinalBackupFailure = policy
+			h.readyCluster(kvc)
+			lost := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted"))
+			// envtest runs no namespace controller: the namespace stays Terminating, as while a
+			// real one waits for its contents to go, and it refuses new objects such as a Job.
+			if err := h.client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			h.deleteAndReconcile(kvc)
+			if !h.gone(kvc) {
+				t.Fatalf("the KVCluster held its namespace's deletion: %+v", h.fresh(kvc).Status.Deletion)
+			}
+			if got := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted")); got != lost+1 {
+				t.Errorf("kvcluster_final_backups_lost_total{reason=namespace_deleted} went from %v to %v, want one more", lost, got)
+			}
+			if ev := drainEvents(h); !strings.Contains(ev, "namespace is being deleted") || !strings.Contains(ev, "no backup of this cluster exists") {
+				t.Errorf("events = %q, want why no final backup was taken and what is lost", ev)
+			}
+		})
 	}
 }
 

@@ -115,7 +115,8 @@ func (r *KVClusterReconciler) leftoverClaims(ctx context.Context, kvc *kvv1.KVCl
 		if err != nil {
 			return nil, err
 		}
-		if found && !claimBelongs(kvc, &claim) {
+		// A claim being deleted is no risk: no new pod may use it, and the StatefulSet makes a new one.
+		if found && claim.DeletionTimestamp == nil && !claimBelongs(kvc, &claim) {
 			leftover = append(leftover, claim.Name)
 		}
 	}

@@ -120,13 +120,7 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 	t.Run("volumes of a deleted cluster of the same name", func(t *testing.T) {
 		h := newHarness(t)
 		ns := h.namespace("leftover")
-		first := newKVCluster(ns, "kv", 3)
-		h.formedCluster(first, "3.7.3")
-		if err := h.client.Delete(ctx, h.fresh(first)); err != nil {
-			t.Fatal(err)
-		}
-		h.collectGarbage(ns) // the claims stay: whenDeleted: Retain
-		h.members.set(members.Cluster{}, errNoQuorum)
+		h.deletedLeavingVolumes(newKVCluster(ns, "kv", 3))
 
 		kvc := newKVCluster(ns, "kv", 3)
 		h.create(kvc)
@@ -164,12 +158,7 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 	t.Run("a restore never starts on existing data", func(t *testing.T) {
 		h := newHarness(t)
 		ns := h.namespace("restoreleft")
-		first := newKVCluster(ns, "kv", 1)
-		h.formedCluster(first, "3.7.3")
-		if err := h.client.Delete(ctx, h.fresh(first)); err != nil {
-			t.Fatal(err)
-		}
-		h.collectGarbage(ns)
+		h.deletedLeavingVolumes(newKVCluster(ns, "kv", 1))
 
 		kvc := newKVCluster(ns, "kv", 1)
 		kvc.Annotations = map[string]string{kvv1.AnnotationAdoptVolumes: "true"}
@@ -186,6 +175,18 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 		var sts appsv1.StatefulSet
 		h.get(&sts, ns, "kv")
 	})
+}
+
+// deletedLeavingVolumes forms a cluster, deletes it and collects its objects: its members' claims
+// stay (whenDeleted: Retain), and its members are gone.
+func (h *harness) deletedLeavingVolumes(kvc *kvv1.KVCluster) {
+	h.t.Helper()
+	h.formedCluster(kvc, "3.7.3")
+	if err := h.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
+		h.t.Fatal(err)
+	}
+	h.collectGarbage(kvc.Namespace)
+	h.members.set(members.Cluster{}, errNoQuorum)
 }
 
 func (h *harness) setAnnotation(kvc *kvv1.KVCluster, key, value string) {

@@ -3,6 +3,7 @@
 // heals the cluster. It serves what it saw on :8080 (read through the API server's pod proxy):
 //
 //	/report  writes acknowledged and failed so far, and the longest time without a successful write
+//	/halt    stops writing (e.g. before another cluster takes the Service's name) and reports
 //	/stop    stops writing, then checks that every acknowledged key is present and says which are not;
 //	         ?endpoints=... checks in another cluster (one restored from a backup of this one)
 package main
@@ -134,6 +135,12 @@ func main() {
 		_ = json.NewEncoder(rw).Encode(rep)
 	}
 	http.HandleFunc("/report", func(rw http.ResponseWriter, _ *http.Request) { reply(rw, w.report(), nil) })
+	http.HandleFunc("/halt", func(rw http.ResponseWriter, _ *http.Request) {
+		w.mu.Lock()
+		w.stopped = true
+		w.mu.Unlock()
+		reply(rw, w.report(), nil)
+	})
 	http.HandleFunc("/stop", func(rw http.ResponseWriter, r *http.Request) {
 		checker := w
 		if eps := r.URL.Query().Get("endpoints"); eps != "" {
