@@ -21,10 +21,13 @@ import (
 // idle reconcile makes no write request, while an edit by anyone else changes what we own (or
 // takes it over) and is put back. extract is the generated Extract<Kind> of the object's apply
 // configuration package. current is left empty when the object did not exist.
-func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Context, c client.Client, key client.ObjectKey, current O,
+func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Context, c client.Client, kvc *kvv1.KVCluster, key client.ObjectKey, current O,
 	desired AC, extract func(O, string) (AC, error)) error {
 	switch err := c.Get(ctx, key, current); {
 	case err == nil:
+		if !controlledBy(current, kvc) { // never taken over: see foreignChildren
+			return &notOwnedError{what: fmt.Sprintf("%T %s (%s)", current, key, ownerOf(current))}
+		}
 		if owned, err := extract(current, specs.FieldManager); err == nil && equality.Semantic.DeepEqual(owned, desired) {
 			return nil
 		}
@@ -36,6 +39,11 @@ func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Cont
 	}
 	return nil
 }
+
+// notOwnedError: an object the cluster would write exists and is someone else's.
+type notOwnedError struct{ what string }
+
+func (e *notOwnedError) Error() string { return e.what + " is not this KVCluster's" }
 
 // applyStatus writes the whole status with server-side apply on the status subresource, unless the
 // status our manager owns already equals it.

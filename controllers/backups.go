@@ -70,16 +70,24 @@ func jobOutcome(job *batchv1.Job) (done, succeeded bool, at time.Time) {
 }
 
 // jobReport is the termination message of a Job's pod (the backup program's result or error). Pods
-// are matched by the Job's UID: an earlier Job of the same name may have left pods behind.
-func (r *KVClusterReconciler) jobReport(ctx context.Context, job *batchv1.Job) (string, error) {
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)}); err != nil {
-		return "", fmt.Errorf("list pods of Job %s/%s: %w", job.Namespace, job.Name, err)
+// are matched by the Job's UID: an earlier Job of the same name may have left pods behind. A Job
+// seen finished before its pod's final status reached the cache is read on the API server when
+// fresh (a deletion step reads its report once; a scheduled backup's is read again later).
+func (r *KVClusterReconciler) jobReport(ctx context.Context, job *batchv1.Job, fresh bool) (string, error) {
+	readers := []client.Reader{r.Client}
+	if fresh {
+		readers = append(readers, r.APIReader)
 	}
-	for _, p := range pods.Items {
-		for _, cs := range p.Status.ContainerStatuses {
-			if t := cs.State.Terminated; t != nil && t.Message != "" {
-				return strings.TrimSpace(t.Message), nil
+	for _, reader := range readers {
+		var pods corev1.PodList
+		if err := reader.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)}); err != nil {
+			return "", fmt.Errorf("list pods of Job %s/%s: %w", job.Namespace, job.Name, err)
+		}
+		for _, p := range pods.Items {
+			for _, cs := range p.Status.ContainerStatuses {
+				if t := cs.State.Terminated; t != nil && t.Message != "" {
+					return strings.TrimSpace(t.Message), nil
+				}
 			}
 		}
 	}
@@ -176,7 +184,8 @@ func planBackup(kvc *kvv1.KVCluster, running bool, now time.Time) backupPlan {
 		return backupPlan{err: err}
 	}
 	plan := backupPlan{next: sched.Next(now)}
-	if b.Suspend || running || kvc.Status.Phase == kvv1.PhaseCreating || kvc.Status.Phase == "" {
+	// Not before the cluster formed (a cluster stopped from the start has nothing to back up).
+	if b.Suspend || running || kvc.Status.Phase == kvv1.PhaseCreating || kvc.Status.Phase == "" || kvc.Status.CurrentVersion == "" {
 		return plan
 	}
 	after := kvc.CreationTimestamp.Time
@@ -189,7 +198,9 @@ func planBackup(kvc *kvv1.KVCluster, running bool, now time.Time) backupPlan {
 
 // reconcileBackups records finished backups, starts the due one and prunes Job history. It
 // changes st (the status about to be applied) and returns when to look again.
-func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KVCluster, st *kvv1.KVClusterStatus, now time.Time) (time.Duration, error) {
+// ownMembers is false when what answers at the members' names is someone else's: no backup of it
+// is ever taken.
+func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KVCluster, st *kvv1.KVClusterStatus, now time.Time, ownMembers bool) (time.Duration, error) {
 	if kvc.Spec.Backup == nil {
 		st.NextBackupTime = nil
 		return 0, nil
@@ -200,7 +211,7 @@ func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KV
 		return 0, err
 	}
 	if latest := newestFinished(jobs); latest != nil {
-		if latest.report, err = r.jobReport(ctx, latest.job); err != nil {
+		if latest.report, err = r.jobReport(ctx, latest.job, false); err != nil {
 			return 0, err
 		}
 	}
@@ -213,6 +224,9 @@ func (r *KVClusterReconciler) reconcileBackups(ctx context.Context, kvc *kvv1.KV
 	}
 	running := slices.ContainsFunc(jobs, func(bj backupJob) bool { return !bj.done })
 	plan := planBackup(kvc, running, now)
+	if !ownMembers {
+		plan.slot = time.Time{}
+	}
 	if plan.err != nil {
 		prev := meta.FindStatusCondition(st.Conditions, kvv1.ConditionBackupSucceeded)
 		if prev == nil || prev.Reason != ReasonInvalidSchedule {

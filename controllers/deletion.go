@@ -2,13 +2,17 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,13 +86,24 @@ func (r *KVClusterReconciler) guardUID(ctx context.Context, kvc *kvv1.KVCluster)
 	if !wantsFinalizer(kvc) {
 		return "", nil
 	}
-	if err := applyOwned(ctx, r.Client, key, &guard, specs.Guard(kvc), corev1ac.ExtractConfigMap); err != nil {
-		return "", err
-	}
-	if guard.UID == "" { // just created: the cache may not show it yet
-		if err := r.APIReader.Get(ctx, key, &guard); err != nil {
-			return "", fmt.Errorf("get ConfigMap %s: %w", key, err)
+	// Owned by no one on purpose: foreignChildren checks the cluster UID it carries.
+	switch err := r.Client.Get(ctx, key, &guard); {
+	case err == nil:
+		if owned, err := corev1ac.ExtractConfigMap(&guard, specs.FieldManager); err == nil && equality.Semantic.DeepEqual(owned, specs.Guard(kvc)) {
+			return guard.UID, nil
 		}
+	case !apierrors.IsNotFound(err):
+		return "", fmt.Errorf("get ConfigMap %s: %w", key, err)
+	}
+	applied := specs.Guard(kvc)
+	if err := r.Client.Apply(ctx, applied, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+		return "", fmt.Errorf("apply the deletion guard %s: %w", key, err)
+	}
+	if applied.UID != nil { // the server's answer is decoded into the apply configuration
+		return *applied.UID, nil
+	}
+	if err := r.APIReader.Get(ctx, key, &guard); err != nil {
+		return "", fmt.Errorf("get ConfigMap %s: %w", key, err)
 	}
 	return guard.UID, nil
 }
@@ -98,7 +113,7 @@ func (r *KVClusterReconciler) guardUID(ctx context.Context, kvc *kvv1.KVCluster)
 // purpose (kubectl delete --cascade=orphan): a guard is a second owner of the members.
 func (r *KVClusterReconciler) deleteGuard(ctx context.Context, namespace, name string, uid types.UID) error {
 	var guard corev1.ConfigMap
-	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name + "-guard"}, &guard); {
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: specs.GuardNameOf(name)}, &guard); {
 	case apierrors.IsNotFound(err):
 		return nil
 	case err != nil:
@@ -135,6 +150,48 @@ type deletion struct {
 	// blocking: a failed final backup or deregistration holds the deletion (onFinalBackupFailure:
 	// Block), except in a namespace being deleted, where nothing can be protected any more.
 	blocking, namespaceGone bool
+	// orphaning: deleted with --cascade=orphan, the members are meant to keep running.
+	orphaning bool
+	// ownMembers: this cluster formed, and its StatefulSet is its own. Otherwise whatever answers at
+	// its members' names is someone else's: it is neither fenced nor backed up.
+	ownMembers bool
+}
+
+// orphaning reports a deletion with --cascade=orphan: the API server sets the orphan finalizer,
+// and the garbage collector takes the KVCluster off its objects' owners before it removes that
+// finalizer; the PodDisruptionBudget (which has no other owner) then stays without it, whereas
+// in a background deletion it keeps it and in a foreground one it is deleted.
+func (r *KVClusterReconciler) orphaning(ctx context.Context, kvc *kvv1.KVCluster) (bool, error) {
+	if slices.Contains(kvc.Finalizers, metav1.FinalizerOrphanDependents) {
+		return true, nil
+	}
+	var pdb policyv1.PodDisruptionBudget
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &pdb); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return pdb.DeletionTimestamp == nil && !ownedBy(&pdb, kvc.UID), nil
+}
+
+// hasOwnMembers: the cluster formed, and its StatefulSet is its own (controlled by it, or, once
+// a foreground deletion took the KVCluster off its owners, by its guard).
+func (r *KVClusterReconciler) hasOwnMembers(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID) (bool, error) {
+	if kvc.Status.CurrentVersion == "" && len(kvc.Status.Members) == 0 {
+		return false, nil
+	}
+	var sts appsv1.StatefulSet
+	found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts)
+	if err != nil || !found {
+		return false, err
+	}
+	return ownedBy(&sts, kvc.UID) || (guard != "" && ownedBy(&sts, guard)), nil
+}
+
+// ownedBy: one of obj's owners has this UID.
+func ownedBy(obj metav1.Object, uid types.UID) bool {
+	return slices.ContainsFunc(obj.GetOwnerReferences(), func(r metav1.OwnerReference) bool { return r.UID == uid })
 }
 
 // Deletion event reasons.
@@ -150,9 +207,15 @@ const (
 // cannot start, fails or times out is given up with a Warning event saying what was lost, so a
 // GitOps prune never hangs; in a namespace being deleted nothing can be protected, and a lost
 // final backup is logged and counted in the operator's metrics, which outlive the namespace.
-func (r *KVClusterReconciler) finalize(ctx context.Context, kvc *kvv1.KVCluster) (ctrl.Result, error) {
-	if !slices.Contains(kvc.Finalizers, kvv1.FinalizerFinalBackup) {
+func (r *KVClusterReconciler) finalize(ctx context.Context, cached *kvv1.KVCluster) (ctrl.Result, error) {
+	if !slices.Contains(cached.Finalizers, kvv1.FinalizerFinalBackup) {
 		return ctrl.Result{}, nil
+	}
+	// The steps' records are read afresh: a cache lagging behind the last pass's status write would
+	// run a step again (drain and fence twice, announce twice).
+	kvc := &kvv1.KVCluster{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), kvc); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	d := &deletion{kvc: kvc, now: r.Clock.Now(), status: *kvc.Status.DeepCopy()}
 	var err error
@@ -166,6 +229,12 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, kvc *kvv1.KVCluster)
 	} else if found && guard.Labels[specs.ClusterUIDLabel] == string(kvc.UID) {
 		d.guard = guard.UID
 	}
+	if d.orphaning, err = r.orphaning(ctx, kvc); err != nil {
+		return ctrl.Result{}, err
+	}
+	if d.ownMembers, err = r.hasOwnMembers(ctx, kvc, d.guard); err != nil {
+		return ctrl.Result{}, err
+	}
 
 	since := kvc.DeletionTimestamp.Time
 	for _, step := range r.deletionSteps(d) {
@@ -173,11 +242,14 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, kvc *kvv1.KVCluster)
 		rec := before
 		rec.Name = step.name
 		switch {
+		case step.skipped != "" && rec.Outcome == kvv1.DeletionSkipped && rec.Message == step.skipped: // said already
 		case step.skipped != "":
-			rec = kvv1.DeletionStep{Name: step.name, Outcome: kvv1.DeletionSkipped, Message: step.skipped}
+			end := metav1.NewTime(d.now.Truncate(time.Second)) // the next step's time limit counts from here
+			rec = kvv1.DeletionStep{Name: step.name, Outcome: kvv1.DeletionSkipped, CompletionTime: &end, Message: step.skipped}
 		case !d.done(rec):
 			if rec, err = step.run(ctx, d, rec, since); err != nil {
-				return ctrl.Result{}, err
+				// What the earlier steps did is kept (a fence is not raised twice); this one is retried.
+				return ctrl.Result{}, errors.Join(err, r.applyDeletionStatus(ctx, d))
 			}
 		}
 		setStep(&d.status.Deletion, rec)
@@ -197,7 +269,7 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, kvc *kvv1.KVCluster)
 	if err := r.applyDeletionStatus(ctx, d); err != nil {
 		return ctrl.Result{}, err
 	}
-	if slices.Contains(kvc.Finalizers, metav1.FinalizerOrphanDependents) {
+	if d.orphaning {
 		// Deleted with --cascade=orphan, the members are meant to stay: the guard keeps owning them.
 		if d.guard != "" {
 			orphaned := specs.Guard(kvc).WithAnnotations(map[string]string{specs.OrphanedAnnotation: "true"})
@@ -237,10 +309,17 @@ func (r *KVClusterReconciler) deletionSteps(d *deletion) []deletionStep {
 	}
 	if wantsFinalBackup(kvc) {
 		skipped, skipDrain := "", ""
-		if skipsFinalBackup(kvc) {
+		switch {
+		case d.orphaning:
+			skipped = "deleted with --cascade=orphan: the members keep running, with their data"
+			skipDrain = skipped
+		case !d.ownMembers:
+			skipped = "the cluster has no members of its own (it never formed, or its StatefulSet is missing or someone else's): there is nothing to back up"
+			skipDrain = skipped
+		case skipsFinalBackup(kvc):
 			skipped = "annotation " + kvv1.AnnotationSkipFinalBackup + "=true"
 			skipDrain = skipped
-		} else if d.namespaceGone {
+		case d.namespaceGone:
 			skipDrain = "the namespace is being deleted: no final backup can be taken"
 		}
 		steps = append(steps,
@@ -256,7 +335,11 @@ func (r *KVClusterReconciler) deletionSteps(d *deletion) []deletionStep {
 				}), skipped: skipped})
 	}
 	if kvc.Spec.Deregistration != nil {
-		steps = append(steps, deletionStep{name: kvv1.StepDeregistration,
+		skipped := ""
+		if d.orphaning {
+			skipped = "deleted with --cascade=orphan: the members keep running"
+		}
+		steps = append(steps, deletionStep{name: kvv1.StepDeregistration, skipped: skipped,
 			run: r.jobStep(specs.DeregistrationJobName(kvc), time.Duration(kvc.Spec.Deregistration.TimeoutSeconds)*time.Second,
 				func(d *deletion) *batchv1ac.JobApplyConfiguration {
 					return specs.DeregistrationJob(kvc, r.BackupImage, d.guard)
@@ -264,6 +347,10 @@ func (r *KVClusterReconciler) deletionSteps(d *deletion) []deletionStep {
 	}
 	return steps
 }
+
+// fenceRetries is how long a fence etcd refuses is tried again before the final backup goes on
+// without it.
+const fenceRetries = 30 * time.Second
 
 // drain stops new client connections (the client Service selects no member), gives clients
 // backup.drainSeconds, then fences writes, so the final backup holds the cluster's last state.
@@ -295,9 +382,13 @@ func (r *KVClusterReconciler) drain(ctx context.Context, d *deletion, rec kvv1.D
 			"the client Service takes no new connections; clients have %s to finish before writes are fenced", grace)
 		return rec, nil
 	}
+	revision, err := r.Members.FenceWrites(ctx, specs.MemberClientURLs(kvc))
+	if err != nil && d.now.Before(since.Add(grace+fenceRetries)) {
+		rec.Outcome, rec.Message = kvv1.DeletionRunning, "fencing writes failed, retrying: "+err.Error()
+		return rec, nil
+	}
 	end := metav1.NewTime(d.now.Truncate(time.Second))
 	rec.Outcome, rec.CompletionTime = kvv1.DeletionSucceeded, &end
-	revision, err := r.Members.FenceWrites(ctx, specs.MemberClientURLs(kvc))
 	if err != nil {
 		rec.Message = "writes are not fenced (" + err.Error() + "): writes acknowledged after the final backup began are not in it"
 		return rec, nil
@@ -321,19 +412,21 @@ func (r *KVClusterReconciler) jobStep(name string, limit time.Duration, build fu
 		if err != nil {
 			return rec, err
 		}
-		if found && !controlledBy(job, kvc) {
+		// A foreground deletion takes the KVCluster off the owners of its guarded Jobs: the cluster's
+		// UID label still says whose they are.
+		if found && !controlledBy(job, kvc) && job.Labels[specs.ClusterUIDLabel] != string(kvc.UID) {
 			return fail(fmt.Sprintf("a Job named %s exists and is not this KVCluster's (%s)", name, ownerOf(job)))
 		}
 		if !found { // not started yet, or (blocking) a person deleted the failed Job to retry
-			switch {
-			case d.namespaceGone:
+			if d.namespaceGone {
 				return fail("its namespace is being deleted, so no Job can start there")
-			case !d.blocking && d.now.Sub(since) > limit:
-				return fail(fmt.Sprintf("it could not start within %s", limit))
 			}
 			err := r.Client.Apply(ctx, build(d), client.FieldOwner(specs.FieldManager), client.ForceOwnership)
 			if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 				return fail("its namespace is being deleted, so no Job can start there")
+			}
+			if err != nil && !d.blocking && d.now.Sub(since) > limit { // given up only after trying
+				return fail(fmt.Sprintf("it could not start within %s: %v", limit, err))
 			}
 			if err != nil {
 				return rec, fmt.Errorf("apply Job %s/%s: %w", kvc.Namespace, name, err)
@@ -355,9 +448,12 @@ func (r *KVClusterReconciler) jobStep(name string, limit time.Duration, build fu
 			}
 			return rec, nil
 		}
-		report, err := r.jobReport(ctx, job)
+		report, err := r.jobReport(ctx, job, true)
 		if err != nil {
 			return rec, err
+		}
+		if succeeded && report == "" && rec.Name == kvv1.StepFinalBackup && d.now.Sub(finishedAt) < time.Minute {
+			return rec, nil // its report (where it wrote, at which revision) is not readable yet
 		}
 		end := metav1.NewTime(finishedAt.Truncate(time.Second))
 		rec.CompletionTime = &end
@@ -408,8 +504,8 @@ func (r *KVClusterReconciler) announceStep(ctx context.Context, d *deletion, bef
 			normal("WritesFenced", "%s", after.Message)
 		case kvv1.StepFinalBackup:
 			fenced := "writes were not fenced"
-			if lb := d.status.LastBackup; lb != nil && lb.WritesFenced {
-				fenced = "writes were fenced: it holds the cluster's last state"
+			if drain, _ := findStep(d.status.Deletion, kvv1.StepDrain); drain.Revision > 0 {
+				fenced = fmt.Sprintf("writes were fenced at revision %d: it holds the cluster's last state", drain.Revision)
 			}
 			normal("FinalBackupCompleted", "final backup %s %s; %s; deleting the cluster", after.Job, after.Message, fenced)
 		default:

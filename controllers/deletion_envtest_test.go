@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -12,10 +13,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
@@ -142,7 +147,7 @@ func TestFinalBackupWaitsForDrainedClientsAndFencedWrites(t *testing.T) {
 		t.Fatal("still there after the final backup")
 	}
 	ev := drainEvents(h)
-	for _, want := range []string{"DrainStarted", "WritesFenced", "fenced at revision 4242", "writes were fenced: it holds the cluster's last state"} {
+	for _, want := range []string{"DrainStarted", "WritesFenced", "fenced at revision 4242", "writes were fenced at revision 4242: it holds the cluster's last state"} {
 		if !strings.Contains(ev, want) {
 			t.Errorf("events lack %q:\n%s", want, ev)
 		}
@@ -245,5 +250,247 @@ func TestStaleAlarmsOfARestoredClusterAreDisarmed(t *testing.T) {
 	}
 	if calls := h.members.takeCalls(); len(calls) != 0 {
 		t.Errorf("the alarm of a member of its own was acted on: %v", calls)
+	}
+}
+
+// TestForegroundDeletionKeepsTheStepsJobs: a foreground deletion takes the KVCluster off the
+// owners of its guarded Jobs (the garbage collector keeps them for the guard): the step they run
+// goes on, instead of taking them for someone else's.
+func TestForegroundDeletionKeepsTheStepsJobs(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("fgjobs")
+	kvc := h.readyCluster(withHTTPDeregistration(newKVCluster(ns, "kv", 1)))
+	h.deleteAndReconcile(kvc)
+	dereg, ok := h.job(ns, "kv-deregister")
+	if !ok {
+		t.Fatal("no deregistration Job")
+	}
+	// What the garbage collector does to a dependent that still has another owner.
+	dereg.OwnerReferences = slices.DeleteFunc(dereg.OwnerReferences, func(r metav1.OwnerReference) bool { return r.Kind == "KVCluster" })
+	if err := h.client.Update(context.Background(), dereg); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	if step, _ := findStep(h.fresh(kvc).Status.Deletion, kvv1.StepDeregistration); step.Outcome != kvv1.DeletionRunning {
+		t.Fatalf("deregistration step = %+v, want it still running", step)
+	}
+	h.finishJob(dereg, true, "POST https://registry.example/… succeeded")
+	h.reconcile(kvc)
+	if ev := drainEvents(h); !h.gone(kvc) || !strings.Contains(ev, "DeregistrationSucceeded") {
+		t.Errorf("gone %t, events %q; want the deregistration to have succeeded", h.gone(kvc), ev)
+	}
+}
+
+// TestOrphanDeletionLeavesTheMembersRunning: deleted with --cascade=orphan the members are meant
+// to keep running: they are neither drained nor fenced, and the guard keeps owning them, whether
+// the operator sees the orphan finalizer or only what the garbage collector left after it.
+func TestOrphanDeletionLeavesTheMembersRunning(t *testing.T) {
+	for _, seen := range []string{"the orphan finalizer", "the orphaned PodDisruptionBudget"} {
+		t.Run(seen, func(t *testing.T) {
+			h := newHarness(t)
+			ns := h.namespace("orphan")
+			kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+			ctx := context.Background()
+			if err := h.client.Delete(ctx, h.fresh(kvc), client.PropagationPolicy(metav1.DeletePropagationOrphan)); err != nil {
+				t.Fatal(err)
+			}
+			if seen == "the orphaned PodDisruptionBudget" { // the garbage collector was faster
+				var pdb policyv1.PodDisruptionBudget
+				h.get(&pdb, ns, "kv")
+				pdb.OwnerReferences = nil
+				if err := h.client.Update(ctx, &pdb); err != nil {
+					t.Fatal(err)
+				}
+				got := h.fresh(kvc)
+				got.Finalizers = slices.DeleteFunc(got.Finalizers, func(f string) bool { return f == metav1.FinalizerOrphanDependents })
+				if err := h.client.Update(ctx, got); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.reconcile(kvc)
+			if !h.gone(kvc) {
+				t.Fatalf("still there: %+v", h.fresh(kvc).Status.Deletion)
+			}
+			if calls := h.members.takeCalls(); len(calls) != 0 {
+				t.Errorf("etcd calls = %v: the members meant to keep running were fenced", calls)
+			}
+			var svc corev1.Service
+			h.get(&svc, ns, "kv-client")
+			if _, drained := svc.Spec.Selector["kvcluster.io/drained"]; drained {
+				t.Error("the client Service was drained")
+			}
+			var guard corev1.ConfigMap
+			h.get(&guard, ns, "kv-guard")
+			if guard.Annotations[specs.OrphanedAnnotation] != "true" {
+				t.Errorf("the guard is not marked as keeping orphaned members: %v", guard.Annotations)
+			}
+		})
+	}
+}
+
+// TestSkippingABlockedFinalBackupStillDeregisters: a final backup that failed and held the
+// deletion (Block) for an hour, then skipped by the annotation: the deregistration's time limit
+// counts from then, so it still runs. And a step is never given up unattempted.
+func TestSkippingABlockedFinalBackupStillDeregisters(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("skiplater")
+	kvc := withHTTPDeregistration(withBackups(newKVCluster(ns, "kv", 1), ""))
+	kvc.Spec.Backup.OnFinalBackupFailure = kvv1.FinalBackupBlock
+	kvc.Spec.Deregistration.TimeoutSeconds = 30
+	h.readyCluster(kvc)
+	h.deleteAndReconcile(kvc)
+	final, _ := h.job(ns, "kv-final")
+	h.finishJob(final, false, "backup failed: the bucket does not exist")
+	h.reconcile(kvc)
+	h.clock.SetTime(h.clock.Now().Add(time.Hour))
+	h.reconcile(kvc)
+	h.setAnnotation(kvc, kvv1.AnnotationSkipFinalBackup, "true")
+	h.reconcile(kvc)
+	if _, ok := h.job(ns, "kv-deregister"); !ok {
+		t.Fatalf("no deregistration after the final backup was skipped: %+v; events: %s", h.fresh(kvc).Status.Deletion, drainEvents(h))
+	}
+}
+
+// TestAnOperatorBackLateStillTakesTheFinalBackup: the final backup Job could not be created (the
+// API server failed), then the operator was down for longer than the backup's time limit; back,
+// it takes the backup rather than giving it up unattempted.
+func TestAnOperatorBackLateStillTakesTheFinalBackup(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("late")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	operator := h.r.Client
+	h.r.Client = interceptor.NewClient(operator.(client.WithWatch), interceptor.Funcs{
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			if _, isJob := obj.(*batchv1ac.JobApplyConfiguration); isJob {
+				return apierrors.NewServiceUnavailable("the API server is restarting")
+			}
+			return c.Apply(ctx, obj, opts...)
+		},
+	})
+	if err := h.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc) // drains
+	h.clock.SetTime(h.clock.Now().Add(11 * time.Second))
+	if _, err := h.r.Reconcile(context.Background(), requestFor(kvc)); err == nil {
+		t.Fatal("the Job's creation failed, but the reconcile did not say so")
+	}
+	h.r.Client = operator
+	h.clock.SetTime(h.clock.Now().Add(time.Hour)) // the operator was down
+	h.reconcile(kvc)
+	if _, ok := h.job(ns, "kv-final"); !ok {
+		t.Fatalf("no final backup: %+v", h.fresh(kvc).Status.Deletion)
+	}
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"fence"}) {
+		t.Errorf("etcd calls = %v, want writes fenced once (the drain's outcome kept across the failed pass)", calls)
+	}
+}
+
+// TestAClusterWithoutMembersOfItsOwnIsNeitherFencedNorBackedUp: a cluster stopped from the start
+// (its StatefulSet is someone else's) takes no scheduled backup, and its deletion neither fences
+// nor backs up what answers at its members' names.
+func TestAClusterWithoutMembersOfItsOwnIsNeitherFencedNorBackedUp(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("notmine")
+	other := h.readyCluster(newKVCluster(ns, "kv", 1))
+	if err := h.client.Delete(context.Background(), other); err != nil { // its objects stay a while
+		t.Fatal(err)
+	}
+	kvc := withBackups(newKVCluster(ns, "kv", 1), "* * * * *")
+	h.create(kvc)
+	h.reconcile(kvc)
+	h.clock.SetTime(h.clock.Now().Add(3 * time.Minute))
+	h.reconcile(kvc)
+	if jobs := h.backupJobs(kvc); len(jobs) != 0 {
+		t.Errorf("backed up someone else's members: %v", names(jobs))
+	}
+	h.deleteAndReconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatalf("still there: %+v", h.fresh(kvc).Status.Deletion)
+	}
+	if calls := h.members.takeCalls(); len(calls) != 0 {
+		t.Errorf("etcd calls = %v: someone else's cluster was fenced", calls)
+	}
+	if _, ok := h.job(ns, "kv-final"); ok {
+		t.Error("a final backup of someone else's members was started")
+	}
+}
+
+// TestAFenceEtcdRefusesIsTriedAgain: one refused fence does not send the final backup off
+// unfenced.
+func TestAFenceEtcdRefusesIsTriedAgain(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("refence")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	h.members.fenceErrs = []error{errors.New("etcdserver: request timed out")}
+	h.deleteAndReconcile(kvc)
+	h.clock.SetTime(h.clock.Now().Add(5 * time.Second))
+	h.reconcile(kvc)
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"fence refused", "fence"}) {
+		t.Errorf("etcd calls = %v, want the refused fence tried again", calls)
+	}
+	final, ok := h.job(ns, "kv-final")
+	if !ok || final.Annotations[specs.WritesFencedAnnotation] != "4242" {
+		t.Errorf("final backup started %t, annotations %v; want it fenced", ok, final.Annotations)
+	}
+}
+
+// TestDeletionStepsDoNotRunTwiceOnAStaleCache: the manager's cache may still show the KVCluster
+// as it was before the last pass wrote its status; the steps are read afresh, so writes are fenced
+// and each step announced once.
+func TestDeletionStepsDoNotRunTwiceOnAStaleCache(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("stale")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	if err := h.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+	stale := h.fresh(kvc) // deleting, with no step recorded yet
+	h.r.Client = interceptor.NewClient(h.r.Client.(client.WithWatch), interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if k, ok := obj.(*kvv1.KVCluster); ok && key.Name == "kv" {
+				stale.DeepCopyInto(k)
+				return nil
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	for range 3 {
+		h.reconcile(kvc)
+		h.clock.SetTime(h.clock.Now().Add(6 * time.Second))
+	}
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"fence"}) {
+		t.Errorf("etcd calls = %v, want one fence", calls)
+	}
+	ev := drainEvents(h)
+	for _, once := range []string{"DrainStarted", "WritesFenced", "FinalBackupStarted"} {
+		if n := strings.Count(ev, once); n != 1 {
+			t.Errorf("%s said %d times, want once:\n%s", once, n, ev)
+		}
+	}
+}
+
+// TestARestoredClusterStartsWithoutItsBackupsAlarms: restored under the same name as the cluster
+// its backup came from, a cluster's members have that cluster's member IDs, so the fence alarm in
+// the final backup looks like one of its own: it is cleared while the restored cluster forms.
+func TestARestoredClusterStartsWithoutItsBackupsAlarms(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("samename")
+	kvc := newKVCluster(ns, "kv", 3)
+	kvc.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backups"}, Key: "ns/kv/uid/kv-final-20261130T101500Z.db"}
+	h.create(kvc)
+	answer := etcdAnswer(3, "3.7.3")
+	answer.Alarms = []members.Alarm{{MemberID: 1, Type: "NOSPACE"}} // member 1 is kv-0
+	h.members.set(answer, nil)
+	h.reconcile(kvc)
+	h.setMembersReady(kvc, 3)
+	h.reconcile(kvc)
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"disarm NOSPACE 1"}) {
+		t.Errorf("etcd calls = %v, want the restored fence alarm disarmed", calls)
+	}
+	h.reconcile(kvc)
+	// Formed, it goes on (to restart its members onto the template without the restore).
+	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseCreating || strings.Contains(findCondition(got, kvv1.ConditionReady).Message, "alarm") {
+		t.Errorf("still held by the alarm once it was disarmed: phase %s, %+v", got.Status.Phase, findCondition(got, kvv1.ConditionReady))
 	}
 }

@@ -3,6 +3,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -109,7 +110,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if obs.foreignChildren, err = r.foreignChildren(ctx, &kvc); err != nil {
+	if obs.foreignChildren, obs.stsForeign, err = r.foreignChildren(ctx, &kvc); err != nil {
 		return ctrl.Result{}, err
 	}
 	if obs.leftoverClaims, err = r.leftoverClaims(ctx, &kvc, obs); err != nil {
@@ -119,10 +120,14 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	// the apply failed), and backups still run. Transient errors are returned at the end, so the
 	// reconcile is retried with backoff.
 	var applyErr error
-	if _, blocked := blockedVerdict(&kvc, obs); !blocked {
-		if err := r.applyChildren(ctx, &kvc, obs); rejected(err) {
+	if !obs.conflicted() {
+		var notOwned *notOwnedError
+		switch err := r.applyChildren(ctx, &kvc, obs); {
+		case errors.As(err, &notOwned):
+			obs.foreignChildren = append(obs.foreignChildren, notOwned.what)
+		case rejected(err):
 			obs.applyRejected = err.Error()
-		} else {
+		default:
 			applyErr = err
 		}
 	}
@@ -139,7 +144,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	} else if disarmed {
 		acted = true
 	}
-	untilBackup, err := r.reconcileBackups(ctx, &kvc, &status, now)
+	untilBackup, err := r.reconcileBackups(ctx, &kvc, &status, now, !obs.stsForeign)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -194,18 +199,18 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	if err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{}), corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{}), corev1ac.ExtractService); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, disruptionBase(kvc, obs)),
+	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, disruptionBase(kvc, obs)),
 		policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return err
 	}
 	membership, replicas := desiredMembership(kvc, obs)
-	if err := applyOwned(ctx, r.Client, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
 		specs.MembershipConfigMap(kvc, membership, guard), corev1ac.ExtractConfigMap); err != nil {
 		return err
 	}
@@ -216,7 +221,7 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 		Guard:            guard,
 		UnlabelledClaims: obs.stsClaimsUnlabelled,
 	}
-	if err := applyOwned(ctx, r.Client, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
 		return err
 	}
 	if guard == "" {
@@ -225,20 +230,26 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	return nil
 }
 
-// disarmStaleAlarms clears the alarms of members the cluster no longer has: a cluster restored
-// from a final backup (taken with writes fenced) would otherwise refuse writes for ever.
+// disarmStaleAlarms clears the alarms a cluster inherited: those of members it does not have and,
+// while a restored cluster forms, every alarm (restored under the same name, its members have the
+// IDs of the cluster the backup came from). A final backup is taken with writes fenced by a
+// NOSPACE alarm, which the snapshot carries: a restored cluster would refuse writes for ever. A
+// real NOSPACE alarm comes back by itself on the next write over the quota.
 func (r *KVClusterReconciler) disarmStaleAlarms(ctx context.Context, kvc *kvv1.KVCluster, obs observation) (bool, error) {
 	if obs.cluster == nil || !obs.cluster.HasLeader {
 		return false, nil
 	}
 	stale := obs.cluster.StaleAlarms()
+	if kvc.Spec.Restore != nil && (kvc.Status.Phase == "" || kvc.Status.Phase == kvv1.PhaseCreating) {
+		stale = obs.cluster.Alarms
+	}
 	for _, a := range stale {
 		if err := r.Members.DisarmAlarm(ctx, clientURLs(kvc, obs), a); err != nil {
 			log.FromContext(ctx).Info("cannot disarm a stale alarm yet", "alarm", a.Type, "member", fmt.Sprintf("%x", a.MemberID), "error", err.Error())
 			return false, nil
 		}
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "StaleAlarmDisarmed", "Disarm",
-			"disarmed the %s alarm of member %x, which this cluster does not have (it came with the restored snapshot)", a.Type, a.MemberID)
+			"disarmed the %s alarm of member %x, which came with the restored snapshot", a.Type, a.MemberID)
 	}
 	return len(stale) > 0, nil
 }

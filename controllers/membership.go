@@ -136,6 +136,11 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 			err := r.Client.Delete(ctx, old, client.PropagationPolicy(metav1.DeletePropagationBackground), client.Preconditions{UID: &old.UID})
 			return true, ignoreGone(err)
 		}
+		// Its object's name has the time in it: a Job created a moment ago, not in the cache yet,
+		// must not be applied again (its template is immutable).
+		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.PreUpgradeBackupJobName(kvc)}, &batchv1.Job{}); err == nil {
+			return false, nil
+		}
 		if err := r.Client.Apply(ctx, specs.PreUpgradeBackupJob(kvc, r.BackupImage, r.Clock.Now()), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 			return false, fmt.Errorf("apply pre-upgrade backup Job: %w", err)
 		}

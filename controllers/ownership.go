@@ -11,6 +11,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -53,7 +54,9 @@ func controlledBy(obj metav1.Object, kvc *kvv1.KVCluster) bool {
 // foreignChildren lists the objects the cluster would own that exist and belong to someone else:
 // an unrelated Service named <name>-client, or what an earlier KVCluster of the same name left
 // while the garbage collector removes it. None of them may be written.
-func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVCluster) ([]string, error) {
+// stsForeign says the StatefulSet is among them: what answers at the members' names is then
+// someone else's, and is never backed up.
+func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVCluster) (foreign []string, stsForeign bool, err error) {
 	children := []struct {
 		kind, name string
 		obj        client.Object
@@ -64,24 +67,24 @@ func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVC
 		{"ConfigMap", specs.MembershipConfigMapName(kvc), &corev1.ConfigMap{}},
 		{"StatefulSet", kvc.Name, &appsv1.StatefulSet{}},
 	}
-	var foreign []string
 	var guard corev1.ConfigMap // owned by no one on purpose: it names its cluster by UID
 	// Only the cache is asked: a guard always carries the operator's labels.
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); client.IgnoreNotFound(err) != nil {
-		return nil, err
+		return nil, false, err
 	} else if err == nil && guard.Labels[specs.ClusterUIDLabel] != string(kvc.UID) {
 		foreign = append(foreign, "ConfigMap "+guard.Name+" (the deletion guard of another KVCluster, uid "+guard.Labels[specs.ClusterUIDLabel]+")")
 	}
 	for _, c := range children {
 		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: c.name}, c.obj)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if found && !controlledBy(c.obj, kvc) {
 			foreign = append(foreign, c.kind+" "+c.name+" ("+ownerOf(c.obj)+")")
+			stsForeign = stsForeign || c.kind == "StatefulSet"
 		}
 	}
-	return foreign, nil
+	return foreign, stsForeign, nil
 }
 
 func ownerOf(obj metav1.Object) string {
@@ -91,14 +94,17 @@ func ownerOf(obj metav1.Object) string {
 	return "not created by this KVCluster"
 }
 
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=patch
+
 // leftoverClaims lists the data claims, among those of every member the cluster has or may get,
 // that exist and were not made for this KVCluster: volumes retained from an earlier cluster of
 // the same name, or created by hand. The StatefulSet would adopt them and its members would start
 // on their data (a restore would be skipped, since the member has data).
+//
+// Adopted (kvcluster.io/adopt-volumes, never with a restore), they are labelled with this
+// cluster's UID, so they stay its own once the annotation is gone.
 func (r *KVClusterReconciler) leftoverClaims(ctx context.Context, kvc *kvv1.KVCluster, obs observation) ([]string, error) {
-	if kvc.Annotations[kvv1.AnnotationAdoptVolumes] == "true" && kvc.Spec.Restore == nil {
-		return nil, nil
-	}
+	adopt := kvc.Annotations[kvv1.AnnotationAdoptVolumes] == "true" && kvc.Spec.Restore == nil
 	n := int(kvc.Spec.Partitions)
 	if obs.stsReplicas != nil {
 		n = max(n, int(*obs.stsReplicas))
@@ -120,7 +126,18 @@ func (r *KVClusterReconciler) leftoverClaims(ctx context.Context, kvc *kvv1.KVCl
 			leftover = append(leftover, claim.Name)
 		}
 	}
-	return leftover, nil
+	if !adopt {
+		return leftover, nil
+	}
+	for _, name := range leftover {
+		mine := corev1ac.PersistentVolumeClaim(name, kvc.Namespace).WithLabels(map[string]string{specs.ClusterUIDLabel: string(kvc.UID)})
+		if err := r.Client.Apply(ctx, mine, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			return nil, fmt.Errorf("adopt volume claim %s/%s: %w", kvc.Namespace, name, err)
+		}
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, "VolumeAdopted", "Adopt",
+			"adopted volume claim %s (%s=true): its member starts on the data it holds", name, kvv1.AnnotationAdoptVolumes)
+	}
+	return nil, nil
 }
 
 // claimBelongs: a member of this cluster was seen healthy on the claim; or the claim carries this
@@ -134,6 +151,11 @@ func claimBelongs(kvc *kvv1.KVCluster, claim *corev1.PersistentVolumeClaim) bool
 		return uid == string(kvc.UID)
 	}
 	return !claim.CreationTimestamp.Before(&kvc.CreationTimestamp)
+}
+
+// conflicted: the cluster needs objects that are someone else's; nothing is written but status.
+func (o observation) conflicted() bool {
+	return len(o.foreignChildren) > 0 || len(o.leftoverClaims) > 0
 }
 
 // blockedVerdict stops a cluster that needs objects it may not write, saying what to do.

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -128,13 +129,25 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 		h.noStatefulSet(kvc)
 		h.blockedOn(kvc, ReasonLeftoverVolumes, "data-kv-0, data-kv-1, data-kv-2", "kubectl delete pvc -n "+ns, kvv1.AnnotationAdoptVolumes)
 
-		// Starting on that data is an explicit choice.
+		// Starting on that data is an explicit choice, which stays made once the annotation is gone.
 		h.setAnnotation(kvc, kvv1.AnnotationAdoptVolumes, "true")
 		h.reconcile(kvc)
 		var sts appsv1.StatefulSet
 		h.get(&sts, ns, "kv")
 		if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseCreating {
 			t.Errorf("after adopting the volumes: phase %s, want Creating", got.Status.Phase)
+		}
+		for i := range 3 {
+			var claim corev1.PersistentVolumeClaim
+			h.get(&claim, ns, fmt.Sprintf("data-kv-%d", i))
+			if claim.Labels[specs.ClusterUIDLabel] != string(h.fresh(kvc).UID) {
+				t.Errorf("adopted claim %s is labelled for cluster %s, want this one's", claim.Name, claim.Labels[specs.ClusterUIDLabel])
+			}
+		}
+		h.setAnnotation(kvc, kvv1.AnnotationAdoptVolumes, "false")
+		h.reconcile(kvc)
+		if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseFailed {
+			t.Errorf("the adopted volumes count as leftovers again once the annotation is gone: %+v", findCondition(got, kvv1.ConditionStalled))
 		}
 	})
 

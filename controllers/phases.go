@@ -63,6 +63,8 @@ type observation struct {
 	foreignChildren, leftoverClaims []string
 	// applyRejected is why the API server refused to apply the cluster's objects.
 	applyRejected string
+	// stsForeign: the StatefulSet under the cluster's name is someone else's.
+	stsForeign bool
 	// stsClaimsUnlabelled: the StatefulSet was made by a release that did not label claims.
 	stsClaimsUnlabelled bool
 }
@@ -143,7 +145,10 @@ func creating(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 // ready watches a formed cluster. Losing members is reported on the Ready condition while the
 // StatefulSet brings pods back; only a quorum lost for longer than the deadline needs a person.
 func ready(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
-	if obs.rollout.pending && obs.rollout.reason != ReasonMembershipUnknown {
+	switch {
+	case obs.rollout.reason == ReasonUnknownMember: // not a change the operator makes: a person's to remove
+		return verdict{kvv1.PhaseReady, ReasonUnknownMember, obs.rollout.message, pollWhileProgressing}
+	case obs.rollout.pending && obs.rollout.reason != ReasonMembershipUnknown:
 		return verdict{kvv1.PhaseUpgrading, obs.rollout.reason, obs.rollout.message, pollWhileProgressing}
 	}
 	if obs.healthy(kvc) {
@@ -169,10 +174,14 @@ func upgrading(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 		if obs.quorumLost() {
 			reason, what = ReasonQuorumLost, "etcd lost its quorum during the rollout and did not regain it"
 		}
+		undo := ""
+		if kvc.Spec.Version != kvc.Status.CurrentVersion {
+			undo = fmt.Sprintf(", e.g. set spec.version back to %s to undo the unfinished upgrade", orUnknown(kvc.Status.CurrentVersion))
+		}
 		return verdict{kvv1.PhaseFailed, reason, fmt.Sprintf(
 			"%s for more than %ds: %s (%s). Fix the cause (kubectl describe pods -l app.kubernetes.io/instance=%s), "+
-				"then change the spec to continue, e.g. set spec.version back to %s to undo an unfinished upgrade",
-			what, kvc.Spec.ProgressDeadlineSeconds, obs.rollout.message, obs.summary(kvc), kvc.Name, orUnknown(kvc.Status.CurrentVersion)),
+				"then change the spec to continue%s",
+			what, kvc.Spec.ProgressDeadlineSeconds, obs.rollout.message, obs.summary(kvc), kvc.Name, undo),
 			pollWhileFailed}
 	}
 	return verdict{kvv1.PhaseUpgrading, obs.rollout.reason, obs.rollout.message, pollWhileProgressing}

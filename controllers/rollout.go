@@ -87,6 +87,10 @@ func wait(reason, format string, args ...any) rollout {
 // before (an added member is nameless until it runs).
 func memberOrdinal(kvc *kvv1.KVCluster, m members.Member) (int, bool) {
 	if ord, ok := specs.OrdinalOfMember(kvc, m.Name); ok {
+		// Named like one of ours but at another address: someone else's member.
+		if len(m.PeerURLs) > 0 && !slices.Contains(m.PeerURLs, specs.MemberPeerURL(kvc, ord)) {
+			return 0, false
+		}
 		return ord, true
 	}
 	for _, u := range m.PeerURLs {
@@ -196,6 +200,9 @@ func planRollout(kvc *kvv1.KVCluster, obs observation) rollout {
 	var learner *members.Member
 	for _, m := range c.Members {
 		ord, ok := memberOrdinal(kvc, m)
+		if _, taken := byOrdinal[ord]; taken { // two members claim one pod: at most one is ours
+			ok = false
+		}
 		if !ok {
 			// Taking it for one of ours could remove the wrong member or reset a voter's volume.
 			return rollout{pending: true, action: actWait, reason: ReasonUnknownMember, message: fmt.Sprintf(

@@ -595,9 +595,10 @@ func TestAnUnknownMemberIsReportedAndLeftAlone(t *testing.T) {
 	if gone := sim.deleted(); len(gone) != 0 {
 		t.Errorf("the operator deleted %v", gone)
 	}
-	c := findCondition(h.fresh(kvc), kvv1.ConditionReconciling)
-	if c == nil || c.Reason != ReasonUnknownMember || !strings.Contains(c.Message, "etcdctl member remove 4d") {
-		t.Errorf("Reconciling = %+v, want the unknown member and how to remove it", c)
+	got := h.fresh(kvc)
+	if c := findCondition(got, kvv1.ConditionReady); got.Status.Phase != kvv1.PhaseReady || c == nil || c.Status != metav1.ConditionFalse ||
+		c.Reason != ReasonUnknownMember || !strings.Contains(c.Message, "etcdctl member remove 4d") {
+		t.Errorf("phase %s, Ready = %+v; want Ready=False naming the unknown member and how to remove it (not an upgrade)", got.Status.Phase, c)
 	}
 	if ev := drainEvents(h); strings.Count(ev, "Warning "+ReasonUnknownMember) != 1 {
 		t.Errorf("events = %q, want one Warning %s", ev, ReasonUnknownMember)

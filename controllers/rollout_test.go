@@ -272,6 +272,17 @@ func TestUnknownMembersAreNeverActedOn(t *testing.T) {
 			s.obs.cluster.Members = append(s.obs.cluster.Members, m)
 			s.leader(3)
 		})},
+		{name: "a member named like one of ours, at another address", s: formed(3, to).with(func(s *scenario) {
+			m := stranger
+			m.Name, m.Learner, m.Healthy = "kv-3", true, true
+			s.obs.cluster.Members = append(s.obs.cluster.Members, m)
+			s.kvc.Spec.Partitions = 4
+		})},
+		{name: "two members claim one pod", s: formed(3, to).with(func(s *scenario) {
+			m := *s.member(1)
+			m.ID = 0x4d
+			s.obs.cluster.Members = append(s.obs.cluster.Members, m)
+		})},
 		{name: "an unknown member while scaling down", s: formed(3, to).with(func(s *scenario) {
 			m := stranger
 			m.Name, m.Learner, m.Healthy = "intruder", false, true

@@ -166,7 +166,9 @@ type fakeMembers struct {
 	calls   []string
 	// notReady makes Promote answer ErrLearnerNotReady.
 	notReady bool
-	nextID   uint64
+	// fenceErrs are the errors the next fences answer, one each.
+	fenceErrs []error
+	nextID    uint64
 }
 
 func (f *fakeMembers) record(format string, args ...any) {
@@ -253,6 +255,12 @@ func (f *fakeMembers) FenceWrites(context.Context, []string) (int64, error) {
 	defer f.mu.Unlock()
 	if f.err != nil {
 		return 0, f.err
+	}
+	if len(f.fenceErrs) > 0 {
+		err := f.fenceErrs[0]
+		f.fenceErrs = f.fenceErrs[1:]
+		f.record("fence refused")
+		return 0, err
 	}
 	f.record("fence")
 	if len(f.cluster.Members) > 0 {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,8 +30,9 @@ import (
 const secretToken = "S3CR3T-T0KEN-42"
 
 // TestDeletionKeepsTheData: the deletion paths users take - an Argo CD prune (foreground
-// propagation) under writes, re-creating a cluster under the same name, deleting it again, and
-// deleting the whole namespace - never lose data silently.
+// propagation) under writes, re-creating the cluster under the same name from its final backup,
+// deleting it again, an orphaning deletion, and deleting the whole namespace - never lose data
+// silently.
 func TestDeletionKeepsTheData(t *testing.T) {
 	var (
 		ns, firstFinal string
@@ -117,7 +119,7 @@ func TestDeletionKeepsTheData(t *testing.T) {
 				took := waitGone(ctx, t, cfg, kvc, 3*time.Minute)
 				ev := events(ctx, t, cfg, "ledger")
 				t.Logf("deleted with foreground propagation in %s; events:\n%s", took.Round(time.Second), ev)
-				for _, want := range []string{"DrainStarted", "WritesFenced", "FinalBackupCompleted", "writes were fenced: it holds the cluster's last state", "DeregistrationFailed"} {
+				for _, want := range []string{"DrainStarted", "WritesFenced", "FinalBackupCompleted", "it holds the cluster's last state", "DeregistrationFailed: deleting without the deregistration because it failed"} {
 					if !strings.Contains(ev, want) {
 						t.Errorf("events lack %q", want)
 					}
@@ -142,66 +144,79 @@ func TestDeletionKeepsTheData(t *testing.T) {
 			}
 			return ctx
 		}).
-		Assess("re-created under the same name, it does not start on the old volume", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			kvc := create(ctx, t, cfg, ledger("ledger"))
-			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
-				c := meta.FindStatusCondition(o.(*kvv1.KVCluster).Status.Conditions, kvv1.ConditionStalled)
-				return c != nil && c.Reason == "LeftoverVolumes"
-			}), wait.WithTimeout(time.Minute), wait.WithInterval(time.Second))
-			if err != nil {
-				t.Fatalf("no LeftoverVolumes: %+v", get(ctx, t, cfg, kvc).Status)
-			}
-			if pods := memberPods(ctx, t, cfg, kvc); len(pods) != 0 {
-				t.Errorf("members started on the old volume: %v", pods)
-			}
-			if err := cfg.Client().Resources().Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "data-ledger-0", Namespace: ns}}); err != nil {
-				t.Fatal(err)
-			}
-			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
-			if keys := etcdctl(ctx, t, cfg, kvc, "ledger-0", "get", "--prefix", "--keys-only", "e2e/writer/"); strings.TrimSpace(keys) != "" {
-				t.Errorf("the new cluster holds the old one's keys")
-			}
-			return ctx
-		}).
-		Assess("a cluster restored from the final backup holds every acknowledged write and takes new ones", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			restored := create(ctx, t, cfg, ledger("ledger-restored", func(k *kvv1.KVCluster) {
-				k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3, Key: firstFinal}
-			}))
-			waitReady(ctx, t, cfg, restored, 5*time.Minute)
-			rep := writerAsk(ctx, t, cfg, restored, "stop", "endpoints", fmt.Sprintf("http://ledger-restored-client.%s.svc:2379", ns))
-			if !rep.Checked || len(rep.Missing) != 0 || rep.Acknowledged != acknowledged || rep.Acknowledged == 0 {
-				t.Errorf("writer against the restored cluster: %d acknowledged, %d present, %d missing (%.3v); want all %d acknowledged writes present",
-					rep.Acknowledged, rep.Present, len(rep.Missing), rep.Missing, acknowledged)
-			}
-			t.Logf("restored: %d acknowledged writes, %d present, none missing", rep.Acknowledged, rep.Present)
-			etcdctl(ctx, t, cfg, restored, "ledger-restored-0", "put", "after/restore", "the stale fence alarm was disarmed")
-			return ctx
-		}).
+		Assess("re-created under the same name from that backup, it never starts on the old volume, holds every acknowledged write and takes new ones",
+			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+				kvc := create(ctx, t, cfg, ledger("ledger", func(k *kvv1.KVCluster) {
+					k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3, Key: firstFinal}
+				}))
+				err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
+					c := meta.FindStatusCondition(o.(*kvv1.KVCluster).Status.Conditions, kvv1.ConditionStalled)
+					return c != nil && c.Reason == "LeftoverVolumes"
+				}), wait.WithTimeout(time.Minute), wait.WithInterval(time.Second))
+				if err != nil {
+					t.Fatalf("no LeftoverVolumes: %+v", get(ctx, t, cfg, kvc).Status)
+				}
+				if pods := memberPods(ctx, t, cfg, kvc); len(pods) != 0 {
+					t.Errorf("members started on the old volume: %v", pods)
+				}
+				if err := cfg.Client().Resources().Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "data-ledger-0", Namespace: ns}}); err != nil {
+					t.Fatal(err)
+				}
+				waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+				// Its members have the deleted cluster's member IDs, so the fence alarm in the backup
+				// looks like its own: it must have been cleared for the writes below to pass.
+				rep := writerAsk(ctx, t, cfg, kvc, "stop", "endpoints", fmt.Sprintf("http://ledger-client.%s.svc:2379", ns))
+				if !rep.Checked || len(rep.Missing) != 0 || rep.Acknowledged != acknowledged || rep.Acknowledged == 0 {
+					t.Errorf("writer against the restored cluster: %d acknowledged, %d present, %d missing (%.3v); want all %d acknowledged writes present",
+						rep.Acknowledged, rep.Present, len(rep.Missing), rep.Missing, acknowledged)
+				}
+				t.Logf("restored: %d acknowledged writes, %d present, none missing", rep.Acknowledged, rep.Present)
+				etcdctl(ctx, t, cfg, kvc, "ledger-0", "put", "after/restore", "the fence alarm that came with the backup was cleared")
+				return ctx
+			}).
 		Assess("deleting the re-created cluster keeps both final backups", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			kvc := get(ctx, t, cfg, ledger("ledger"))
 			if err := cfg.Client().Resources().Delete(ctx, kvc); err != nil {
 				t.Fatal(err)
 			}
 			waitGone(ctx, t, cfg, kvc, 3*time.Minute)
-			finals := s3.keys(ctx, t, "e2e/"+ns+"/ledger/", ".db")
-			var count int
-			for _, k := range finals {
+			var finals []string
+			for _, k := range s3.keys(ctx, t, "e2e/"+ns+"/ledger/", ".db") {
 				if strings.Contains(k, "/ledger-final-") {
-					count++
+					finals = append(finals, k)
 				}
 			}
-			if count != 2 || !strings.Contains(strings.Join(finals, " "), firstFinal) {
-				t.Errorf("objects under e2e/%s/ledger/: %v, want the first and the second incarnation's final backups", ns, finals)
+			if len(finals) != 2 || !strings.Contains(strings.Join(finals, " "), firstFinal) {
+				t.Errorf("final backups under e2e/%s/ledger/: %v, want the first and the second incarnation's", ns, finals)
 			}
 			return ctx
 		}).
-		Assess("deleting the namespace never hangs, and the lost final backup is logged and counted", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			restored := get(ctx, t, cfg, ledger("ledger-restored"))
-			restored.Spec.BackupSchedule = "*/5 * * * *"
-			restored.Spec.Backup.OnFinalBackupFailure = kvv1.FinalBackupBlock
-			if err := cfg.Client().Resources().Update(ctx, restored); err != nil {
+		Assess("deleted with --cascade=orphan, the members keep running and taking writes", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			kvc := create(ctx, t, cfg, ledger("kept"))
+			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+			orphan := func(o *metav1.DeleteOptions) { o.PropagationPolicy = ptr.To(metav1.DeletePropagationOrphan) }
+			if err := cfg.Client().Resources().Delete(ctx, get(ctx, t, cfg, kvc), orphan); err != nil {
 				t.Fatal(err)
 			}
+			waitGone(ctx, t, cfg, kvc, 2*time.Minute)
+			etcdctl(ctx, t, cfg, kvc, "kept-0", "put", "still/here", "not drained, not fenced")
+			guard := &corev1.ConfigMap{}
+			if err := cfg.Client().Resources().Get(ctx, "kept-guard", ns, guard); err != nil || guard.Annotations["kvcluster.io/orphaned-members"] != "true" {
+				t.Fatalf("the guard keeping the orphaned members: %v %v", guard.Annotations, err)
+			}
+			// Deleting the guard lets the garbage collector remove them.
+			if err := cfg.Client().Resources().Delete(ctx, guard); err != nil {
+				t.Fatal(err)
+			}
+			waitGone(ctx, t, cfg, &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: ns}}, 2*time.Minute)
+			return ctx
+		}).
+		Assess("deleting the namespace never hangs, and the lost final backup is logged and counted", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			orders := create(ctx, t, cfg, ledger("orders", func(k *kvv1.KVCluster) {
+				k.Spec.BackupSchedule = "*/5 * * * *"
+				k.Spec.Backup.OnFinalBackupFailure = kvv1.FinalBackupBlock
+			}))
+			waitReady(ctx, t, cfg, orders, 5*time.Minute)
 			before := lostFinalBackups(ctx, t, cfg)
 			s3.stop()
 			s3 = nil
@@ -215,8 +230,12 @@ func TestDeletionKeepsTheData(t *testing.T) {
 				t.Errorf("kvcluster_final_backups_lost_total{reason=\"namespace_deleted\"} went from %v to %v, want one more", before, after)
 			}
 			logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment)
-			if !strings.Contains(logs, "deleted without its final backup") || !strings.Contains(logs, "ledger-restored") {
-				t.Error("the operator's log does not say that ledger-restored went without its final backup")
+			said := false
+			for _, line := range strings.Split(logs, "\n") {
+				said = said || (strings.Contains(line, "deleted without its final backup") && strings.Contains(line, `"orders"`) && strings.Contains(line, ns))
+			}
+			if !said {
+				t.Error("the operator's log does not say that orders went without its final backup")
 			}
 			return ctx
 		}).

@@ -194,7 +194,7 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 			mctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
 			defer cancel()
 			st, err := cli.Status(mctx, url)
-			if err != nil {
+			if err != nil || st.Header.MemberId != m.ID { // someone else answers there: not this member
 				return
 			}
 			if len(st.Errors) > 0 {

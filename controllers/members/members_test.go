@@ -20,6 +20,7 @@ type hostileEtcd struct {
 	url        string // where it really listens
 	advertised string // the client URL it advertises
 	padding    int    // bytes of peer URLs added to the member list
+	memberID   uint64 // the ID it answers status with (default 1, the listed member's)
 }
 
 func (h *hostileEtcd) MemberList(context.Context, *pb.MemberListRequest) (*pb.MemberListResponse, error) {
@@ -31,7 +32,8 @@ func (h *hostileEtcd) MemberList(context.Context, *pb.MemberListRequest) (*pb.Me
 }
 
 func (h *hostileEtcd) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
-	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: 1, Revision: 7}, Version: "3.7.3", Leader: 1, RaftIndex: 9, RaftAppliedIndex: 9}, nil
+	id := max(h.memberID, 1)
+	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: id, Revision: 7}, Version: "3.7.3", Leader: id, RaftIndex: 9, RaftAppliedIndex: 9}, nil
 }
 
 func serve(t *testing.T, h *hostileEtcd) {
@@ -94,6 +96,17 @@ func TestMembersAreAskedOnlyWhereTheOperatorSays(t *testing.T) {
 	}
 	if n := dialled.Load(); n != 0 {
 		t.Errorf("the advertised client URL %s was dialled %d times", elsewhere, n)
+	}
+	// Whoever answers at a member's URL must be that member.
+	impostor := &hostileEtcd{}
+	serve(t, impostor)
+	otherAnswers := func(Member) (string, bool) { return impostor.url, true }
+	impostor.memberID = 2
+	if c, err = (EtcdClient{Timeout: 5 * time.Second}).Cluster(context.Background(), []string{h.url}, otherAnswers); err != nil {
+		t.Fatal(err)
+	}
+	if c.Members[0].Healthy {
+		t.Error("a member was taken as healthy on the status of another member (ID 2) answering at its URL")
 	}
 }
 

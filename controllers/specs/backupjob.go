@@ -154,6 +154,7 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 	}
 	labels := Labels(kvc)
 	labels[BackupKindLabel] = run.Kind
+	labels[ClusterUIDLabel] = string(kvc.UID) // whose it is, also once a foreground deletion took the KVCluster off its owners
 	container := corev1ac.Container().
 		WithName("backup").
 		WithImage(image).

@@ -42,6 +42,7 @@ func DeregistrationJob(kvc *kvv1.KVCluster, operatorImage string, guard types.UI
 	}
 	labels := Labels(kvc)
 	labels[DeletionStepLabel] = "deregister"
+	labels[ClusterUIDLabel] = string(kvc.UID) // whose it is, also once a foreground deletion took the KVCluster off its owners
 	return batchv1ac.Job(DeregistrationJobName(kvc), kvc.Namespace).
 		WithLabels(labels).
 		WithOwnerReferences(Owners(kvc, guard)...).

@@ -16,7 +16,10 @@ const GuardLabel = "kvcluster.io/deletion-guard"
 const OrphanedAnnotation = "kvcluster.io/orphaned-members"
 
 // GuardName is the ConfigMap that keeps a cluster's members while its deletion steps run.
-func GuardName(kvc *kvv1.KVCluster) string { return kvc.Name + "-guard" }
+func GuardName(kvc *kvv1.KVCluster) string { return GuardNameOf(kvc.Name) }
+
+// GuardNameOf is GuardName of the KVCluster of that name (which may be gone).
+func GuardNameOf(cluster string) string { return cluster + "-guard" }
 
 // Guard exists while a cluster has deletion steps (a final backup, a deregistration), and is a
 // second owner of what those steps need: the StatefulSet (so the members), the peer Service
