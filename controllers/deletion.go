@@ -313,14 +313,14 @@ func (r *KVClusterReconciler) deletionSteps(d *deletion) []deletionStep {
 		case d.orphaning:
 			skipped = "deleted with --cascade=orphan: the members keep running, with their data"
 			skipDrain = skipped
+		case d.namespaceGone: // its members may be gone already: the loss is the namespace's deletion
+			skipDrain = "the namespace is being deleted: no final backup can be taken"
 		case !d.ownMembers:
 			skipped = "the cluster has no members of its own (it never formed, or its StatefulSet is missing or someone else's): there is nothing to back up"
 			skipDrain = skipped
 		case skipsFinalBackup(kvc):
 			skipped = "annotation " + kvv1.AnnotationSkipFinalBackup + "=true"
 			skipDrain = skipped
-		case d.namespaceGone:
-			skipDrain = "the namespace is being deleted: no final backup can be taken"
 		}
 		steps = append(steps,
 			deletionStep{name: kvv1.StepDrain, run: r.drain, skipped: skipDrain},

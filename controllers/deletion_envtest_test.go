@@ -90,6 +90,10 @@ func TestDeletingTheNamespaceNeverHangsAndTheLossIsCounted(t *testing.T) {
 			if err := h.client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 				t.Fatal(err)
 			}
+			// The namespace controller deletes the members' StatefulSet as soon as anything else.
+			if err := h.client.Delete(context.Background(), &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv"}}); err != nil {
+				t.Fatal(err)
+			}
 			h.deleteAndReconcile(kvc)
 			if !h.gone(kvc) {
 				t.Fatalf("the KVCluster held its namespace's deletion: %+v", h.fresh(kvc).Status.Deletion)
