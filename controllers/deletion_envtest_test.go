@@ -498,3 +498,35 @@ func TestARestoredClusterStartsWithoutItsBackupsAlarms(t *testing.T) {
 		t.Errorf("still held by the alarm once it was disarmed: phase %s, %+v", got.Status.Phase, findCondition(got, kvv1.ConditionReady))
 	}
 }
+
+// TestAFinalBackupIsRecordedFromItsReportEvenWhenTheCacheLags: the cache may show the final
+// backup Job finished before it shows its pod's termination message; the report (where the
+// backup went, at which revision) is then read on the API server, not recorded empty.
+func TestAFinalBackupIsRecordedFromItsReportEvenWhenTheCacheLags(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("reportlag")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	h.deleteAndReconcile(kvc)
+	final, _ := h.job(ns, "kv-final")
+	h.finishJob(final, true, successReport("team/"+ns+"/kv/uid/kv-final-x.db"))
+	h.r.Client = interceptor.NewClient(h.r.Client.(client.WithWatch), interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := c.List(ctx, list, opts...); err != nil {
+				return err
+			}
+			if pods, ok := list.(*corev1.PodList); ok { // the pods' final status is not cached yet
+				for i := range pods.Items {
+					pods.Items[i].Status = corev1.PodStatus{}
+				}
+			}
+			return nil
+		},
+	})
+	h.reconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatalf("still there: %+v", h.fresh(kvc).Status.Deletion)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "FinalBackupCompleted final backup kv-final wrote s3://backups/team/"+ns+"/kv/uid/kv-final-x.db") {
+		t.Errorf("events = %q, want the final backup recorded with where it went", ev)
+	}
+}
