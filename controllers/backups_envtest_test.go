@@ -19,6 +19,8 @@ import (
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/backup"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -37,7 +39,7 @@ func (h *harness) readyCluster(kvc *kvv1.KVCluster) *kvv1.KVCluster {
 	// The schedule counts from creationTimestamp (the server's clock, in whole seconds): start the
 	// fake clock just after it, so a slot can never fall between the two clocks.
 	h.clock.SetTime(h.fresh(kvc).CreationTimestamp.Add(time.Second))
-	h.members.set(etcdAnswer(int(kvc.Spec.Partitions), "3.7.3"), nil)
+	h.members.set(memberstest.Healthy(kvc, int(kvc.Spec.Partitions), "3.7.3"), nil)
 	h.reconcile(kvc)
 	h.setMembersReady(kvc, kvc.Spec.Partitions)
 	h.reconcile(kvc)
@@ -150,7 +152,7 @@ func TestScheduledBackupsStartOneJobPerSlotAndRecordSuccessOnly(t *testing.T) {
 	}
 	restarted := newHarness(t)
 	restarted.clock.SetTime(slot.Add(40 * time.Second))
-	restarted.members.set(etcdAnswer(3, "3.7.3"), nil)
+	restarted.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
 	restarted.reconcile(kvc)
 	jobs := h.backupJobs(kvc)
 	if len(jobs) != 1 || jobs[0].Name != backup.JobName("kv", slot) {
@@ -247,14 +249,14 @@ func TestInvalidScheduleIsAConditionAndAnEvent(t *testing.T) {
 	h.readyCluster(kvc)
 	got := h.fresh(kvc)
 	cond := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionBackupSucceeded)
-	if cond == nil || cond.Reason != ReasonInvalidSchedule || !strings.Contains(cond.Message, "never fires") {
+	if cond == nil || cond.Reason != plan.ReasonInvalidSchedule || !strings.Contains(cond.Message, "never fires") {
 		t.Fatalf("condition = %+v", cond)
 	}
 	if got.Status.Phase != kvv1.PhaseReady {
 		t.Errorf("a bad schedule must not fail the cluster: phase %s", got.Status.Phase)
 	}
 	h.reconcile(kvc)
-	if ev := drainEvents(h); strings.Count(ev, ReasonInvalidSchedule) != 0 {
+	if ev := drainEvents(h); strings.Count(ev, plan.ReasonInvalidSchedule) != 0 {
 		t.Errorf("the event repeats on every reconcile: %q", ev)
 	}
 }
@@ -319,7 +321,7 @@ func TestFinalBackupBlocksWhenAskedTo(t *testing.T) {
 	h.reconcile(kvc)
 	got := h.fresh(kvc)
 	cond := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionBackupSucceeded)
-	if !slices.Contains(got.Finalizers, kvv1.FinalizerFinalBackup) || cond == nil || cond.Reason != ReasonFinalBackupFailed ||
+	if !slices.Contains(got.Finalizers, kvv1.FinalizerFinalBackup) || cond == nil || cond.Reason != plan.ReasonFinalBackupFailed ||
 		!strings.Contains(cond.Message, "does not exist") || !strings.Contains(cond.Message, kvv1.AnnotationSkipFinalBackup) {
 		t.Fatalf("Block must keep the KVCluster and say how to proceed: finalizers %v, condition %+v", got.Finalizers, cond)
 	}

@@ -12,123 +12,22 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	kvv1ac "github.com/kvcluster/kvcluster-operator/apis/applyconfiguration/apis/v1alpha1"
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=delete
-
-// wantsFinalBackup: a destination is configured and the policy is not Skip.
-func wantsFinalBackup(kvc *kvv1.KVCluster) bool {
-	return kvc.Spec.Backup != nil && kvc.Spec.Backup.FinalBackup != kvv1.FinalBackupSkip
-}
-
-// skipsFinalBackup: the person deleting asked to go without it.
-func skipsFinalBackup(kvc *kvv1.KVCluster) bool {
-	return kvc.Annotations[kvv1.AnnotationSkipFinalBackup] == "true"
-}
-
-// wantsFinalizer: some step must run on deletion before the members go.
-func wantsFinalizer(kvc *kvv1.KVCluster) bool {
-	return wantsFinalBackup(kvc) || kvc.Spec.Deregistration != nil
-}
-
-// blocksOnFailure: the user chose to keep the KVCluster rather than lose a deletion step.
-func blocksOnFailure(kvc *kvv1.KVCluster) bool {
-	return kvc.Spec.Backup != nil && kvc.Spec.Backup.OnFinalBackupFailure == kvv1.FinalBackupBlock && !skipsFinalBackup(kvc)
-}
-
-// syncFinalizer owns the finalizer exactly while a deletion step is wanted. It is applied to
-// metadata only (the operator never writes the spec), with the UID so a KVCluster deleted
-// meanwhile is never re-created.
-func (r *KVClusterReconciler) syncFinalizer(ctx context.Context, kvc *kvv1.KVCluster) error {
-	has := slices.Contains(kvc.Finalizers, kvv1.FinalizerFinalBackup)
-	if has == wantsFinalizer(kvc) {
-		return nil
-	}
-	return r.applyFinalizer(ctx, kvc, !has)
-}
-
-func (r *KVClusterReconciler) applyFinalizer(ctx context.Context, kvc *kvv1.KVCluster, present bool) error {
-	ac := kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithUID(kvc.UID)
-	if present {
-		ac.WithFinalizers(kvv1.FinalizerFinalBackup)
-	}
-	if err := r.Client.Apply(ctx, ac, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
-		if !present && apierrors.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("apply finalizer of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
-	}
-	return nil
-}
-
-// guardUID keeps the cluster's deletion guard as long as the cluster has deletion steps, and
-// removes it when it has none any more (its objects were applied without it first). It returns
-// the guard's UID, or "" without one.
-func (r *KVClusterReconciler) guardUID(ctx context.Context, kvc *kvv1.KVCluster) (types.UID, error) {
-	var guard corev1.ConfigMap
-	key := client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}
-	if !wantsFinalizer(kvc) {
-		return "", nil
-	}
-	// Owned by no one on purpose: foreignChildren checks the cluster UID it carries.
-	switch err := r.Client.Get(ctx, key, &guard); {
-	case err == nil:
-		if owned, err := corev1ac.ExtractConfigMap(&guard, specs.FieldManager); err == nil && equality.Semantic.DeepEqual(owned, specs.Guard(kvc)) {
-			return guard.UID, nil
-		}
-	case !apierrors.IsNotFound(err):
-		return "", fmt.Errorf("get ConfigMap %s: %w", key, err)
-	}
-	applied := specs.Guard(kvc)
-	if err := r.Client.Apply(ctx, applied, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
-		return "", fmt.Errorf("apply the deletion guard %s: %w", key, err)
-	}
-	if applied.UID != nil { // the server's answer is decoded into the apply configuration
-		return *applied.UID, nil
-	}
-	if err := r.APIReader.Get(ctx, key, &guard); err != nil {
-		return "", fmt.Errorf("get ConfigMap %s: %w", key, err)
-	}
-	return guard.UID, nil
-}
-
-// deleteGuard lets the garbage collector remove the cluster's objects. It deletes only the guard
-// of this incarnation (any, when uid is empty), and never one that keeps members orphaned on
-// purpose (kubectl delete --cascade=orphan): a guard is a second owner of the members.
-func (r *KVClusterReconciler) deleteGuard(ctx context.Context, namespace, name string, uid types.UID) error {
-	var guard corev1.ConfigMap
-	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: specs.GuardNameOf(name)}, &guard); {
-	case apierrors.IsNotFound(err):
-		return nil
-	case err != nil:
-		return err
-	}
-	if guard.Labels[specs.GuardLabel] != "true" || guard.Annotations[specs.OrphanedAnnotation] == "true" ||
-		(uid != "" && guard.Labels[specs.ClusterUIDLabel] != string(uid)) {
-		return nil
-	}
-	err := r.Client.Delete(ctx, &guard, client.Preconditions{UID: &guard.UID})
-	if err := ignoreGone(err); err != nil {
-		return fmt.Errorf("delete the deletion guard %s/%s: %w", namespace, guard.Name, err)
-	}
-	return nil
-}
 
 // deletionStep is one of the steps taken, in order, before a deleted cluster's members go.
 type deletionStep struct {
@@ -189,16 +88,6 @@ func (r *KVClusterReconciler) hasOwnMembers(ctx context.Context, kvc *kvv1.KVClu
 	return ownedBy(&sts, kvc.UID) || (guard != "" && ownedBy(&sts, guard)), nil
 }
 
-// ownedBy: one of obj's owners has this UID.
-func ownedBy(obj metav1.Object, uid types.UID) bool {
-	return slices.ContainsFunc(obj.GetOwnerReferences(), func(r metav1.OwnerReference) bool { return r.UID == uid })
-}
-
-// Deletion event reasons.
-const (
-	ReasonFinalBackupFailed = "FinalBackupFailed"
-)
-
 // finalize runs while a KVCluster with the finalizer is being deleted. Its members still run (the
 // guard keeps them even from a foreground deletion), so it drains the clients and fences writes,
 // takes a final backup through the same Job builder and status path as scheduled backups, runs the
@@ -222,7 +111,7 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, cached *kvv1.KVClust
 	if d.namespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
 		return ctrl.Result{}, err
 	}
-	d.blocking = blocksOnFailure(kvc) && !d.namespaceGone
+	d.blocking = plan.BlocksOnFailure(kvc) && !d.namespaceGone
 	var guard corev1.ConfigMap
 	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {
 		return ctrl.Result{}, err
@@ -254,9 +143,7 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, cached *kvv1.KVClust
 		}
 		setStep(&d.status.Deletion, rec)
 		if rec.Outcome == kvv1.DeletionFailed && d.blocking {
-			meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: kvv1.ConditionBackupSucceeded, Status: metav1.ConditionFalse,
-				Reason: ReasonFinalBackupFailed, Message: blockedMessage(rec), ObservedGeneration: kvc.Generation,
-				LastTransitionTime: metav1.NewTime(d.now.Truncate(time.Second))})
+			plan.SetCondition(&d.status, kvc, kvv1.ConditionBackupSucceeded, false, plan.ReasonFinalBackupFailed, blockedMessage(rec), d.now)
 		}
 		r.announceStep(ctx, d, before, rec)
 		if !d.done(rec) {
@@ -304,10 +191,10 @@ func (r *KVClusterReconciler) applyDeletionStatus(ctx context.Context, d *deleti
 func (r *KVClusterReconciler) deletionSteps(d *deletion) []deletionStep {
 	kvc := d.kvc
 	var steps []deletionStep
-	if kvc.Spec.Backup != nil && !wantsFinalBackup(kvc) {
+	if kvc.Spec.Backup != nil && !plan.WantsFinalBackup(kvc) {
 		steps = append(steps, deletionStep{name: kvv1.StepFinalBackup, skipped: "finalBackup: Skip"})
 	}
-	if wantsFinalBackup(kvc) {
+	if plan.WantsFinalBackup(kvc) {
 		skipped, skipDrain := "", ""
 		switch {
 		case d.orphaning:
@@ -318,7 +205,7 @@ func (r *KVClusterReconciler) deletionSteps(d *deletion) []deletionStep {
 		case !d.ownMembers:
 			skipped = "the cluster has no members of its own (it never formed, or its StatefulSet is missing or someone else's): there is nothing to back up"
 			skipDrain = skipped
-		case skipsFinalBackup(kvc):
+		case plan.SkipsFinalBackup(kvc):
 			skipped = "annotation " + kvv1.AnnotationSkipFinalBackup + "=true"
 			skipDrain = skipped
 		}
@@ -440,7 +327,8 @@ func (r *KVClusterReconciler) jobStep(name string, limit time.Duration, build fu
 		if rec.Outcome != kvv1.DeletionRunning { // a Job started again after a failure (Block)
 			rec.Outcome, rec.CompletionTime, rec.Message = kvv1.DeletionRunning, nil, "started Job "+name
 		}
-		done, succeeded, finishedAt := jobOutcome(job)
+		j := plan.NewJob(job, "")
+		done, succeeded, finishedAt := j.Done, j.Succeeded, j.FinishedAt
 		if !done {
 			if !d.blocking && d.now.Sub(rec.StartTime.Time) > limit+time.Minute {
 				// The Job's own deadline should have ended it; do not wait for ever if it did not.
@@ -458,14 +346,15 @@ func (r *KVClusterReconciler) jobStep(name string, limit time.Duration, build fu
 		end := metav1.NewTime(finishedAt.Truncate(time.Second))
 		rec.CompletionTime = &end
 		if rec.Name == kvv1.StepFinalBackup {
-			recordFinishedBackups(&d.status, []backupJob{{job: job, done: done, succeeded: succeeded, finishedAt: finishedAt, report: report}}, kvc.Generation)
+			j.Report = report
+			plan.RecordFinishedBackups(&d.status, kvc, []plan.Job{j})
 			report = d.status.LastBackup.Message
 			if succeeded {
 				b := d.status.LastBackup
 				report = fmt.Sprintf("wrote %s (%d bytes, revision %d)", b.Location, b.Size, b.Revision)
 			}
 		} else if report == "" && !succeeded {
-			report = jobFailureMessage(job)
+			report = plan.JobFailureMessage(job)
 		}
 		if rec.Outcome, rec.Message = kvv1.DeletionSucceeded, report; !succeeded {
 			rec.Outcome, rec.Message = kvv1.DeletionFailed, "it failed: "+report
@@ -490,34 +379,34 @@ func (r *KVClusterReconciler) announceStep(ctx context.Context, d *deletion, bef
 			return // still running
 		}
 		if after.Name == kvv1.StepDrain {
-			normal("DrainStarted", "%s", after.Message)
+			normal(plan.EventDrainStarted, "%s", after.Message)
 			return
 		}
-		normal(string(after.Name)+"Started", "started the %s Job %s before deleting the cluster", what, after.Job)
+		normal(plan.StepEvent(after.Name, after.Outcome), "started the %s Job %s before deleting the cluster", what, after.Job)
 	case kvv1.DeletionSucceeded:
 		switch after.Name {
 		case kvv1.StepDrain:
 			if after.Revision == 0 {
-				r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, "WritesNotFenced", "Delete", "%s", after.Message)
+				r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, plan.EventWritesNotFenced, "Delete", "%s", after.Message)
 				return
 			}
-			normal("WritesFenced", "%s", after.Message)
+			normal(plan.EventWritesFenced, "%s", after.Message)
 		case kvv1.StepFinalBackup:
 			fenced := "writes were not fenced"
 			if drain, _ := findStep(d.status.Deletion, kvv1.StepDrain); drain.Revision > 0 {
 				fenced = fmt.Sprintf("writes were fenced at revision %d: it holds the cluster's last state", drain.Revision)
 			}
-			normal("FinalBackupCompleted", "final backup %s %s; %s; deleting the cluster", after.Job, after.Message, fenced)
+			normal(plan.EventFinalBackupCompleted, "final backup %s %s; %s; deleting the cluster", after.Job, after.Message, fenced)
 		default:
-			normal(string(after.Name)+"Succeeded", "%s Job %s succeeded: %s", what, after.Job, after.Message)
+			normal(plan.StepEvent(after.Name, after.Outcome), "%s Job %s succeeded: %s", what, after.Job, after.Message)
 		}
 	case kvv1.DeletionSkipped:
 		if after.Name == kvv1.StepFinalBackup {
-			r.finalBackupLost(ctx, d, "skipped", "FinalBackupSkipped", "deleting without a final backup ("+after.Message+")")
+			r.finalBackupLost(ctx, d, "skipped", plan.EventFinalBackupSkipped, "deleting without a final backup ("+after.Message+")")
 		}
 	case kvv1.DeletionFailed:
 		if d.blocking {
-			r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, ReasonFinalBackupFailed, "Delete", "%s", blockedMessage(after))
+			r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, plan.ReasonFinalBackupFailed, "Delete", "%s", blockedMessage(after))
 			return
 		}
 		why := "deleting without the " + what + " because " + after.Message
@@ -526,10 +415,10 @@ func (r *KVClusterReconciler) announceStep(ctx context.Context, d *deletion, bef
 			if d.namespaceGone {
 				reason = "namespace_deleted"
 			}
-			r.finalBackupLost(ctx, d, reason, ReasonFinalBackupFailed, why)
+			r.finalBackupLost(ctx, d, reason, plan.ReasonFinalBackupFailed, why)
 			return
 		}
-		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, string(after.Name)+"Failed", "Delete",
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, plan.StepEvent(after.Name, after.Outcome), "Delete",
 			"%s; the cluster may still be registered where the step would have removed it", why)
 	}
 }

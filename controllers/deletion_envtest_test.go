@@ -24,6 +24,7 @@ import (
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -226,7 +227,7 @@ func TestStaleAlarmsOfARestoredClusterAreDisarmed(t *testing.T) {
 	ns := h.namespace("alarms")
 	kvc := newKVCluster(ns, "kv", 3)
 	h.create(kvc)
-	answer := etcdAnswer(3, "3.7.3")
+	answer := memberstest.Healthy(kvc, 3, "3.7.3")
 	answer.Alarms = []members.Alarm{{MemberID: 0xdead, Type: "NOSPACE"}}
 	h.members.set(answer, nil)
 	h.reconcile(kvc)
@@ -240,7 +241,7 @@ func TestStaleAlarmsOfARestoredClusterAreDisarmed(t *testing.T) {
 	}
 	h.reconcile(kvc)
 	if got := h.fresh(kvc); !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
-		t.Errorf("not Ready once the stale alarm was disarmed: %+v", findCondition(got, kvv1.ConditionReady))
+		t.Errorf("not Ready once the stale alarm was disarmed: %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady))
 	}
 	if ev := drainEvents(h); !strings.Contains(ev, "StaleAlarmDisarmed") {
 		t.Errorf("events = %q, want StaleAlarmDisarmed", ev)
@@ -248,7 +249,7 @@ func TestStaleAlarmsOfARestoredClusterAreDisarmed(t *testing.T) {
 
 	h.members.update(func(c *members.Cluster) { c.Alarms = []members.Alarm{{MemberID: 2, Type: "NOSPACE"}} })
 	h.reconcile(kvc)
-	ready := findCondition(h.fresh(kvc), kvv1.ConditionReady)
+	ready := meta.FindStatusCondition(h.fresh(kvc).Status.Conditions, kvv1.ConditionReady)
 	if ready.Status != metav1.ConditionFalse || !strings.Contains(ready.Message, "NOSPACE alarm for member 2") {
 		t.Errorf("Ready = %+v, want False naming the alarm", ready)
 	}
@@ -483,7 +484,7 @@ func TestARestoredClusterStartsWithoutItsBackupsAlarms(t *testing.T) {
 	kvc := newKVCluster(ns, "kv", 3)
 	kvc.Spec.Restore = &kvv1.RestoreSpec{PVC: &kvv1.PVCDestination{ClaimName: "backups"}, Key: "ns/kv/uid/kv-final-20261130T101500Z.db"}
 	h.create(kvc)
-	answer := etcdAnswer(3, "3.7.3")
+	answer := memberstest.Healthy(kvc, 3, "3.7.3")
 	answer.Alarms = []members.Alarm{{MemberID: 1, Type: "NOSPACE"}} // member 1 is kv-0
 	h.members.set(answer, nil)
 	h.reconcile(kvc)
@@ -494,8 +495,8 @@ func TestARestoredClusterStartsWithoutItsBackupsAlarms(t *testing.T) {
 	}
 	h.reconcile(kvc)
 	// Formed, it goes on (to restart its members onto the template without the restore).
-	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseCreating || strings.Contains(findCondition(got, kvv1.ConditionReady).Message, "alarm") {
-		t.Errorf("still held by the alarm once it was disarmed: phase %s, %+v", got.Status.Phase, findCondition(got, kvv1.ConditionReady))
+	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseCreating || strings.Contains(meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady).Message, "alarm") {
+		t.Errorf("still held by the alarm once it was disarmed: phase %s, %+v", got.Status.Phase, meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady))
 	}
 }
 

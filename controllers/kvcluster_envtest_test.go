@@ -27,6 +27,8 @@ import (
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/backup"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -93,10 +95,6 @@ func testRevision(sts *appsv1.StatefulSet) string {
 	h := fnv.New32a()
 	h.Write(data)
 	return fmt.Sprintf("%s-%x", sts.Name, h.Sum32())
-}
-
-func etcdAnswer(n int, version string) members.Cluster {
-	return *healthyCluster(n, version)
 }
 
 func kstatusOf(t *testing.T, kvc *kvv1.KVCluster) status.Status {
@@ -176,7 +174,7 @@ func TestKVClusterGoesFromCreatingToReady(t *testing.T) {
 	h.assertIdle(kvc, "creating")
 
 	h.setMembersReady(kvc, 3)
-	h.members.set(etcdAnswer(3, "3.7.3"), nil)
+	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
 	h.reconcile(kvc)
 	got = h.fresh(kvc)
 	if got.Status.Phase != kvv1.PhaseReady || got.Status.ReadyPartitions != 3 || got.Status.CurrentVersion != "3.7.3" {
@@ -199,17 +197,17 @@ func TestKVClusterGoesFromCreatingToReady(t *testing.T) {
 
 	// Losing a member keeps the phase but says so on the Ready condition.
 	h.setMembersReady(kvc, 2)
-	down := etcdAnswer(3, "3.7.3")
+	down := memberstest.Healthy(kvc, 3, "3.7.3")
 	down.Members[2].Healthy = false
 	h.members.set(down, nil)
 	h.reconcile(kvc)
 	got = h.fresh(kvc)
 	ready := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady)
-	if got.Status.Phase != kvv1.PhaseReady || ready.Status != metav1.ConditionFalse || ready.Reason != ReasonMembersUnavailable {
+	if got.Status.Phase != kvv1.PhaseReady || ready.Status != metav1.ConditionFalse || ready.Reason != plan.ReasonMembersUnavailable {
 		t.Errorf("with a member down: phase %s, Ready %+v", got.Status.Phase, ready)
 	}
 	h.setMembersReady(kvc, 3)
-	h.members.set(etcdAnswer(3, "3.7.3"), nil)
+	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
 	h.reconcile(kvc)
 	if got = h.fresh(kvc); !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
 		t.Errorf("after the member came back Ready = %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady))
@@ -278,7 +276,7 @@ func TestStalledCreationFailsAndASpecChangeRetries(t *testing.T) {
 	h.reconcile(kvc)
 	got := h.fresh(kvc)
 	stalled := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled)
-	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Status != metav1.ConditionTrue || stalled.Reason != ReasonProgressDeadline {
+	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Status != metav1.ConditionTrue || stalled.Reason != plan.ReasonProgressDeadline {
 		t.Fatalf("after the deadline: phase %s, Stalled %+v", got.Status.Phase, stalled)
 	}
 	if !strings.Contains(stalled.Message, "1/3 members ready") || !strings.Contains(stalled.Message, "kubectl describe pods") {
@@ -287,8 +285,8 @@ func TestStalledCreationFailsAndASpecChangeRetries(t *testing.T) {
 	if s := kstatusOf(t, got); s != status.FailedStatus {
 		t.Errorf("kstatus when failed = %s, want Failed", s)
 	}
-	if ev := drainEvents(h); !strings.Contains(ev, "Warning "+ReasonProgressDeadline) {
-		t.Errorf("events = %q, want a Warning %s event", ev, ReasonProgressDeadline)
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning "+plan.ReasonProgressDeadline) {
+		t.Errorf("events = %q, want a Warning %s event", ev, plan.ReasonProgressDeadline)
 	}
 	h.assertIdle(kvc, "failed")
 
@@ -613,8 +611,8 @@ func TestARejectedApplyIsReportedAndBackupsGoOn(t *testing.T) {
 	h.clock.SetTime(slot.Add(10 * time.Second))
 	h.reconcile(kvc) // fails the test if the reconcile returns an error
 	got := h.fresh(kvc)
-	stalled := findCondition(got, kvv1.ConditionStalled)
-	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != ReasonApplyRejected || !strings.Contains(stalled.Message, "frozen by policy") {
+	stalled := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled)
+	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != plan.ReasonApplyRejected || !strings.Contains(stalled.Message, "frozen by policy") {
 		t.Errorf("phase %s, Stalled %+v; want Failed, ApplyRejected with the API server's words", got.Status.Phase, stalled)
 	}
 	if got.Status.ObservedGeneration != got.Generation {
@@ -623,14 +621,14 @@ func TestARejectedApplyIsReportedAndBackupsGoOn(t *testing.T) {
 	if jobs := h.backupJobs(kvc); len(jobs) != 1 || jobs[0].Name != backup.JobName("kv", slot) {
 		t.Errorf("backup Jobs = %v, want the slot's backup although the StatefulSet cannot be changed", names(jobs))
 	}
-	if ev := drainEvents(h); strings.Count(ev, "Warning "+ReasonApplyRejected) != 1 {
-		t.Errorf("events = %q, want one Warning %s", ev, ReasonApplyRejected)
+	if ev := drainEvents(h); strings.Count(ev, "Warning "+plan.ReasonApplyRejected) != 1 {
+		t.Errorf("events = %q, want one Warning %s", ev, plan.ReasonApplyRejected)
 	}
 
 	lift()
 	h.reconcile(kvc)
 	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseFailed {
-		t.Errorf("still Failed after the refusal was lifted: %+v", findCondition(got, kvv1.ConditionStalled))
+		t.Errorf("still Failed after the refusal was lifted: %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled))
 	}
 	var sts appsv1.StatefulSet
 	h.get(&sts, ns, "kv")

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"strings"
 	"testing"
 	"time"
@@ -12,11 +13,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -24,7 +25,7 @@ import (
 func (h *harness) blockedOn(kvc *kvv1.KVCluster, reason string, want ...string) {
 	h.t.Helper()
 	got := h.fresh(kvc)
-	stalled := findCondition(got, kvv1.ConditionStalled)
+	stalled := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled)
 	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != reason {
 		h.t.Fatalf("phase %s, Stalled %+v; want Failed with reason %s", got.Status.Phase, stalled, reason)
 	}
@@ -71,7 +72,7 @@ func TestObjectsItDoesNotOwnAreNeverWritten(t *testing.T) {
 			t.Errorf("the unrelated Service was taken over: selector %v, owners %v", svc.Spec.Selector, svc.OwnerReferences)
 		}
 		h.noStatefulSet(kvc)
-		h.blockedOn(kvc, ReasonObjectConflict, "Service kv-client", "not created by this KVCluster")
+		h.blockedOn(kvc, plan.ReasonObjectConflict, "Service kv-client", "not created by this KVCluster")
 		h.assertIdle(kvc, "blocked on a conflict")
 
 		if err := h.client.Delete(ctx, billing); err != nil {
@@ -102,7 +103,7 @@ func TestObjectsItDoesNotOwnAreNeverWritten(t *testing.T) {
 		if ref := metav1.GetControllerOf(&sts); ref == nil || ref.UID != old.UID || len(sts.OwnerReferences) != 1 {
 			t.Errorf("the earlier cluster's StatefulSet was written: owners %v", sts.OwnerReferences)
 		}
-		h.blockedOn(kvc, ReasonObjectConflict, "StatefulSet kv", string(old.UID))
+		h.blockedOn(kvc, plan.ReasonObjectConflict, "StatefulSet kv", string(old.UID))
 
 		h.collectGarbage(ns)
 		h.reconcile(kvc)
@@ -127,7 +128,7 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 		h.create(kvc)
 		h.reconcile(kvc)
 		h.noStatefulSet(kvc)
-		h.blockedOn(kvc, ReasonLeftoverVolumes, "data-kv-0, data-kv-1, data-kv-2", "kubectl delete pvc -n "+ns, kvv1.AnnotationAdoptVolumes)
+		h.blockedOn(kvc, plan.ReasonLeftoverVolumes, "data-kv-0, data-kv-1, data-kv-2", "kubectl delete pvc -n "+ns, kvv1.AnnotationAdoptVolumes)
 
 		// Starting on that data is an explicit choice, which stays made once the annotation is gone.
 		h.setAnnotation(kvc, kvv1.AnnotationAdoptVolumes, "true")
@@ -147,7 +148,7 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 		h.setAnnotation(kvc, kvv1.AnnotationAdoptVolumes, "false")
 		h.reconcile(kvc)
 		if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseFailed {
-			t.Errorf("the adopted volumes count as leftovers again once the annotation is gone: %+v", findCondition(got, kvv1.ConditionStalled))
+			t.Errorf("the adopted volumes count as leftovers again once the annotation is gone: %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled))
 		}
 	})
 
@@ -165,7 +166,7 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 		h.create(kvc)
 		h.reconcile(kvc)
 		h.noStatefulSet(kvc)
-		h.blockedOn(kvc, ReasonLeftoverVolumes, "data-kv-1")
+		h.blockedOn(kvc, plan.ReasonLeftoverVolumes, "data-kv-1")
 	})
 
 	t.Run("a restore never starts on existing data", func(t *testing.T) {
@@ -179,7 +180,7 @@ func TestLeftoverVolumesAreNeverStartedOnSilently(t *testing.T) {
 		h.create(kvc)
 		h.reconcile(kvc)
 		h.noStatefulSet(kvc)
-		h.blockedOn(kvc, ReasonLeftoverVolumes, "data-kv-0", "instead of restoring ns/kv/uid/kv-final-20261130T101500Z.db")
+		h.blockedOn(kvc, plan.ReasonLeftoverVolumes, "data-kv-0", "instead of restoring ns/kv/uid/kv-final-20261130T101500Z.db")
 
 		if err := h.client.Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "data-kv-0"}}); err != nil {
 			t.Fatal(err)
@@ -211,38 +212,5 @@ func (h *harness) setAnnotation(kvc *kvv1.KVCluster, key, value string) {
 	k.Annotations[key] = value
 	if err := h.client.Update(context.Background(), k); err != nil {
 		h.t.Fatal(err)
-	}
-}
-
-func TestClaimBelongs(t *testing.T) {
-	created := metav1.NewTime(time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC))
-	kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "kv", UID: "uid-new", CreationTimestamp: created},
-		Status: kvv1.KVClusterStatus{Members: []kvv1.MemberStatus{{Name: "kv-0", VolumeUID: "claim-seen-healthy"}}}}
-	claim := func(uid types.UID, labelUID string, age time.Duration) *corev1.PersistentVolumeClaim {
-		c := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{UID: uid, CreationTimestamp: metav1.NewTime(created.Add(-age))}}
-		if labelUID != "" {
-			c.Labels = map[string]string{specs.ClusterUIDLabel: labelUID}
-		}
-		return c
-	}
-	tests := []struct {
-		name  string
-		claim *corev1.PersistentVolumeClaim
-		want  bool
-	}{
-		{name: "labelled for this cluster", claim: claim("c1", "uid-new", -time.Minute), want: true},
-		{name: "labelled for an earlier cluster of the same name", claim: claim("c2", "uid-old", time.Hour), want: false},
-		{name: "labelled for an earlier cluster, although newer", claim: claim("c3", "uid-old", -time.Minute), want: false},
-		{name: "a member was seen healthy on it (adopted)", claim: claim("claim-seen-healthy", "uid-old", time.Hour), want: true},
-		{name: "unlabelled, made after the cluster (an earlier release's StatefulSet)", claim: claim("c4", "", -time.Minute), want: true},
-		{name: "unlabelled, made in the same second", claim: claim("c5", "", 0), want: true},
-		{name: "unlabelled, made before the cluster", claim: claim("c6", "", time.Second), want: false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := claimBelongs(kvc, tt.claim); got != tt.want {
-				t.Errorf("claimBelongs = %t, want %t", got, tt.want)
-			}
-		})
 	}
 }

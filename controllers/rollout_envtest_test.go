@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +20,8 @@ import (
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -188,21 +191,12 @@ func (s *memberSim) down(names []string) {
 	})
 }
 
-func fakeEtcd(kvc *kvv1.KVCluster, n int, version string) members.Cluster {
-	c := members.Cluster{HasLeader: true}
-	for i := range n {
-		c.Members = append(c.Members, members.Member{ID: uint64(i + 1), Name: specs.MemberName(kvc, i), Healthy: true, Leader: i == 0,
-			Version: version, PeerURLs: []string{specs.MemberPeerURL(kvc, i)}, RaftIndex: 100, AppliedIndex: 100})
-	}
-	return c
-}
-
 // formedCluster creates a KVCluster on version and drives it to Ready with simulated members.
 func (h *harness) formedCluster(kvc *kvv1.KVCluster, version string) *memberSim {
 	h.t.Helper()
 	kvc.Spec.Version = version
 	h.create(kvc)
-	h.members.set(fakeEtcd(kvc, int(kvc.Spec.Partitions), version), nil)
+	h.members.set(memberstest.Healthy(kvc, int(kvc.Spec.Partitions), version), nil)
 	sim := h.simulate(kvc)
 	h.reconcile(kvc)
 	sim.sync()
@@ -284,7 +278,7 @@ func TestUpgradeWaitsForThePreUpgradeBackup(t *testing.T) {
 	if gone := sim.deleted(); len(gone) != 0 {
 		t.Fatalf("members restarted although the backup failed: %v", gone)
 	}
-	if c := findCondition(got, kvv1.ConditionReconciling); c == nil || c.Reason != ReasonPreUpgradeBackup || !strings.Contains(c.Message, "delete the Job to retry") {
+	if c := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReconciling); c == nil || c.Reason != plan.ReasonPreUpgradeBackup || !strings.Contains(c.Message, "delete the Job to retry") {
 		t.Errorf("Reconciling = %+v, want the failed pre-upgrade backup and what to do", c)
 	}
 
@@ -388,15 +382,6 @@ func TestScalingAddsLearnersAndRemovesMembersFirst(t *testing.T) {
 	}
 }
 
-func findCondition(kvc *kvv1.KVCluster, t string) *metav1.Condition {
-	for i := range kvc.Status.Conditions {
-		if kvc.Status.Conditions[i].Type == t {
-			return &kvc.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
 // TestAMemberThatLostItsDataIsReplaced: a member whose pod comes back on a new, empty claim is
 // removed from etcd, added back as a learner on a reset volume, and promoted.
 func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
@@ -407,7 +392,7 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 	sim := h.formedCluster(kvc, "3.7.3")
 	var old corev1.PersistentVolumeClaim
 	h.get(&old, ns, "data-kv-1")
-	if v := recordedVolume(h.fresh(kvc), "kv-1"); v != old.UID {
+	if v := memberStatus(h.fresh(kvc), "kv-1").VolumeUID; v != string(old.UID) {
 		t.Fatalf("recorded volume of kv-1 = %q, want its claim %q", v, old.UID)
 	}
 	h.reconcile(kvc)
@@ -460,8 +445,8 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 		t.Error("the claim the crashed member wrote to was not reset")
 	}
 	got := h.fresh(kvc)
-	if got.Status.Phase != kvv1.PhaseReady || recordedVolume(got, "kv-1") != claim.UID {
-		t.Errorf("after the replacement: phase %s, kv-1 on %q (claim %q)", got.Status.Phase, recordedVolume(got, "kv-1"), claim.UID)
+	if got.Status.Phase != kvv1.PhaseReady || memberStatus(got, "kv-1").VolumeUID != string(claim.UID) {
+		t.Errorf("after the replacement: phase %s, kv-1 on %q (claim %q)", got.Status.Phase, memberStatus(got, "kv-1").VolumeUID, claim.UID)
 	}
 	events := drainEvents(h)
 	for _, want := range []string{"MemberRemoved", "MemberAdded", "MemberVolumeReset", "MemberPromoted"} {
@@ -522,8 +507,8 @@ func TestAStalledUpgradeFailsAndGoingBackRecovers(t *testing.T) {
 	h.clock.SetTime(h.clock.Now().Add(11 * time.Minute))
 	h.reconcile(kvc)
 	got := h.fresh(kvc)
-	stalled := findCondition(got, kvv1.ConditionStalled)
-	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != ReasonRolloutStalled ||
+	stalled := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled)
+	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != plan.ReasonRolloutStalled ||
 		!strings.Contains(stalled.Message, "set spec.version back to 3.6.16") || !strings.Contains(stalled.Message, "kv-2") {
 		t.Fatalf("phase %s, Stalled %+v; want Failed saying kv-2 is stuck and how to go back", got.Status.Phase, stalled)
 	}
@@ -598,12 +583,12 @@ func TestAnUnknownMemberIsReportedAndLeftAlone(t *testing.T) {
 		t.Errorf("the operator deleted %v", gone)
 	}
 	got := h.fresh(kvc)
-	if c := findCondition(got, kvv1.ConditionReady); got.Status.Phase != kvv1.PhaseReady || c == nil || c.Status != metav1.ConditionFalse ||
-		c.Reason != ReasonUnknownMember || !strings.Contains(c.Message, "etcdctl member remove 4d") {
+	if c := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady); got.Status.Phase != kvv1.PhaseReady || c == nil || c.Status != metav1.ConditionFalse ||
+		c.Reason != plan.ReasonUnknownMember || !strings.Contains(c.Message, "etcdctl member remove 4d") {
 		t.Errorf("phase %s, Ready = %+v; want Ready=False naming the unknown member and how to remove it (not an upgrade)", got.Status.Phase, c)
 	}
-	if ev := drainEvents(h); strings.Count(ev, "Warning "+ReasonUnknownMember) != 1 {
-		t.Errorf("events = %q, want one Warning %s", ev, ReasonUnknownMember)
+	if ev := drainEvents(h); strings.Count(ev, "Warning "+plan.ReasonUnknownMember) != 1 {
+		t.Errorf("events = %q, want one Warning %s", ev, plan.ReasonUnknownMember)
 	}
 }
 
@@ -629,7 +614,7 @@ func TestRestoreSourceIsOnlyUsedAtBootstrap(t *testing.T) {
 
 	sim := h.simulate(kvc)
 	sim.sync()
-	h.members.set(fakeEtcd(kvc, 3, "3.7.3"), nil)
+	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
 	var steps []string
 	for i, idle := 0, 0; i < 20 && idle < 2; i++ { // until two steps in a row change nothing on a Ready cluster
 		step := sim.step()
@@ -682,4 +667,14 @@ func TestAPreUpgradeBackupJobNotYetCachedIsNotAppliedAgain(t *testing.T) {
 	if jobs := h.backupJobs(kvc); len(jobs) != 1 {
 		t.Errorf("pre-upgrade backup Jobs = %v, want one", names(jobs))
 	}
+}
+
+// memberStatus is the status of the member called name (empty when status does not list it).
+func memberStatus(kvc *kvv1.KVCluster, name string) kvv1.MemberStatus {
+	for _, m := range kvc.Status.Members {
+		if m.Name == name {
+			return m
+		}
+	}
+	return kvv1.MemberStatus{}
 }

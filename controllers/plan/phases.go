@@ -1,10 +1,8 @@
-package controllers
+package plan
 
 import (
 	"fmt"
 	"slices"
-
-	batchv1 "k8s.io/api/batch/v1"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,18 +13,6 @@ import (
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
-// Condition reasons.
-const (
-	ReasonCreating           = "Creating"
-	ReasonClusterReady       = "ClusterReady"
-	ReasonMembersUnavailable = "MembersUnavailable"
-	ReasonProgressDeadline   = "ProgressDeadlineExceeded"
-	ReasonQuorumLost         = "QuorumLost"
-	ReasonSpecChanged        = "SpecChanged"
-	ReasonNotFailed          = "NotFailed"
-	ReasonIdle               = "Idle"
-)
-
 // How often a cluster is looked at again when nothing else triggers a reconcile: etcd's health
 // is not a Kubernetes object, so it is polled.
 const (
@@ -34,79 +20,6 @@ const (
 	pollWhileHealthy     = time.Minute
 	pollWhileFailed      = 30 * time.Second
 )
-
-// observation is what one reconcile saw of a cluster.
-type observation struct {
-	// readyMembers is the StatefulSet's count of ready member pods.
-	readyMembers int32
-	// cluster is etcd's own view; nil when etcd could not be asked or did not answer with a quorum.
-	cluster *members.Cluster
-	// etcdErr says why cluster is nil.
-	etcdErr error
-
-	// pods are the member pods by ordinal.
-	pods map[int]podInfo
-	// stsReplicas is the StatefulSet's current replicas (nil before it exists); stsSettled is true
-	// when its controller has seen its latest spec, so pod revisions can be compared with it.
-	stsReplicas *int32
-	stsSettled  bool
-	// membership is what the membership ConfigMap says now (nil before it exists).
-	membership *specs.Membership
-	// preUpgradeJob is the pre-upgrade backup Job, of this or an earlier upgrade; preUpgradeBackup
-	// is its state if it is this upgrade's.
-	preUpgradeJob    *batchv1.Job
-	preUpgradeBackup jobState
-	// rollout is the plan for changing a running cluster.
-	rollout rollout
-	// foreignChildren and leftoverClaims are objects the cluster needs that belong to someone
-	// else; while there are any, nothing is written but status.
-	foreignChildren, leftoverClaims []string
-	// applyRejected is why the API server refused to apply the cluster's objects.
-	applyRejected string
-	// stsForeign: the StatefulSet under the cluster's name is someone else's.
-	stsForeign bool
-	// stsClaimsUnlabelled: the StatefulSet was made by a release that did not label claims.
-	stsClaimsUnlabelled bool
-}
-
-func (o observation) outdatedPods() int {
-	n := 0
-	for _, p := range o.pods {
-		if p.outdated {
-			n++
-		}
-	}
-	return n
-}
-
-// healthy is the Ready criterion: every member pod ready, and etcd reporting a leader and exactly
-// the expected voting members, all of them answering, and no alarm (under which etcd refuses writes).
-func (o observation) healthy(kvc *kvv1.KVCluster) bool {
-	n := int(kvc.Spec.Partitions)
-	return o.readyMembers == kvc.Spec.Partitions && o.cluster != nil && o.cluster.HasLeader &&
-		o.cluster.AllHealthy() && len(o.cluster.Members) == n && o.cluster.Voting() == n && len(o.cluster.Alarms) == 0
-}
-
-func (o observation) quorumLost() bool { return o.cluster == nil || !o.cluster.HasLeader }
-
-// summary is a one-line account of the members for condition messages.
-func (o observation) summary(kvc *kvv1.KVCluster) string {
-	s := fmt.Sprintf("%d/%d members ready", o.readyMembers, kvc.Spec.Partitions)
-	switch {
-	case o.etcdErr != nil:
-		s += "; etcd: " + o.etcdErr.Error()
-	case o.cluster != nil && !o.cluster.HasLeader:
-		s += "; etcd reports no leader"
-	case o.cluster != nil && o.cluster.Voting() != int(kvc.Spec.Partitions):
-		s += fmt.Sprintf("; etcd has %d voting members", o.cluster.Voting())
-	}
-	if o.cluster != nil {
-		for _, a := range o.cluster.Alarms {
-			s += fmt.Sprintf("; etcd raised the %s alarm for member %x", a.Type, a.MemberID)
-		}
-	}
-	return s
-}
 
 // verdict is what a phase function decided.
 type verdict struct {
@@ -118,7 +31,7 @@ type verdict struct {
 
 // phaseFunc decides the next phase from the current one. Each phase is one small function; the
 // phase itself is persisted in status, so a restarted operator resumes where it was.
-type phaseFunc func(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict
+type phaseFunc func(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verdict
 
 var phaseFuncs = map[kvv1.Phase]phaseFunc{
 	kvv1.PhaseCreating:  creating,
@@ -128,9 +41,9 @@ var phaseFuncs = map[kvv1.Phase]phaseFunc{
 }
 
 // creating waits for every member and for etcd to agree on a healthy cluster of the right size.
-func creating(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+func creating(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verdict {
 	if obs.healthy(kvc) {
-		return ready(kvc, obs, now)
+		return ready(kvc, obs, ro, now)
 	}
 	if deadlinePassed(kvc, now) {
 		return verdict{kvv1.PhaseFailed, ReasonProgressDeadline, fmt.Sprintf(
@@ -144,12 +57,12 @@ func creating(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 
 // ready watches a formed cluster. Losing members is reported on the Ready condition while the
 // StatefulSet brings pods back; only a quorum lost for longer than the deadline needs a person.
-func ready(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+func ready(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verdict {
 	switch {
-	case obs.rollout.reason == ReasonUnknownMember: // not a change the operator makes: a person's to remove
-		return verdict{kvv1.PhaseReady, ReasonUnknownMember, obs.rollout.message, pollWhileProgressing}
-	case obs.rollout.pending && obs.rollout.reason != ReasonMembershipUnknown:
-		return verdict{kvv1.PhaseUpgrading, obs.rollout.reason, obs.rollout.message, pollWhileProgressing}
+	case ro.Reason == ReasonUnknownMember: // not a change the operator makes: a person's to remove
+		return verdict{kvv1.PhaseReady, ReasonUnknownMember, ro.Message, pollWhileProgressing}
+	case ro.Pending && ro.Reason != ReasonMembershipUnknown:
+		return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, pollWhileProgressing}
 	}
 	if obs.healthy(kvc) {
 		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
@@ -165,9 +78,9 @@ func ready(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 
 // upgrading changes a running cluster one step per reconcile (see planRollout) until it matches
 // the spec. A rollout that makes no progress for longer than the deadline needs a person.
-func upgrading(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
-	if !obs.rollout.pending {
-		return ready(kvc, obs, now)
+func upgrading(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verdict {
+	if !ro.Pending {
+		return ready(kvc, obs, ro, now)
 	}
 	if deadlinePassed(kvc, now) {
 		reason, what := ReasonRolloutStalled, "the rollout made no progress"
@@ -181,10 +94,10 @@ func upgrading(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 		return verdict{kvv1.PhaseFailed, reason, fmt.Sprintf(
 			"%s for more than %ds: %s (%s). Fix the cause (kubectl describe pods -l app.kubernetes.io/instance=%s), "+
 				"then change the spec to continue%s",
-			what, kvc.Spec.ProgressDeadlineSeconds, obs.rollout.message, obs.summary(kvc), kvc.Name, undo),
+			what, kvc.Spec.ProgressDeadlineSeconds, ro.Message, obs.summary(kvc), kvc.Name, undo),
 			pollWhileFailed}
 	}
-	return verdict{kvv1.PhaseUpgrading, obs.rollout.reason, obs.rollout.message, pollWhileProgressing}
+	return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, pollWhileProgressing}
 }
 
 func orUnknown(s string) string {
@@ -195,10 +108,10 @@ func orUnknown(s string) string {
 }
 
 // failed keeps the cluster Failed until a person changes the spec, or the cluster heals itself.
-func failed(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
+func failed(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verdict {
 	if c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionStalled); c != nil && blockingReasons[c.Reason] { // and it is resolved
 		if bootstrapped(kvc, obs) {
-			return ready(kvc, obs, now)
+			return ready(kvc, obs, ro, now)
 		}
 		return verdict{kvv1.PhaseCreating, ReasonCreating, "resuming: " + obs.summary(kvc), pollWhileProgressing}
 	}
@@ -209,7 +122,7 @@ func failed(kvc *kvv1.KVCluster, obs observation, now time.Time) verdict {
 		}
 		return verdict{phase, ReasonSpecChanged, "the spec changed; trying again: " + obs.summary(kvc), pollWhileProgressing}
 	}
-	if obs.healthy(kvc) && !obs.rollout.pending {
+	if obs.healthy(kvc) && !ro.Pending {
 		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
 	}
 	v := verdict{phase: kvv1.PhaseFailed, reason: ReasonProgressDeadline, message: obs.summary(kvc), requeueAfter: pollWhileFailed}
@@ -233,60 +146,47 @@ func deadlinePassed(kvc *kvv1.KVCluster, now time.Time) bool {
 	return now.Sub(kvc.Status.LastProgressTime.Time) > deadline
 }
 
-// decide computes the next full status of a cluster from what was observed. It is pure: the same
-// inputs always give the same status, and it leaves unchanged every field (and condition
-// transition time) whose value did not change, so an idle reconcile has nothing to write.
-func decide(kvc *kvv1.KVCluster, obs observation, endpoint string, now time.Time) (kvv1.KVClusterStatus, verdict) {
+// decide computes the next full status of a cluster from what was observed. The same inputs
+// always give the same status, and every field (and condition transition time) whose value did
+// not change is left as it was, so an idle reconcile has nothing to write.
+func decide(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) (kvv1.KVClusterStatus, verdict) {
 	fn, ok := phaseFuncs[kvc.Status.Phase]
 	if !ok { // a new cluster, or a phase this release does not drive
 		fn = creating
 	}
 	v, blocked := blockedVerdict(kvc, obs)
 	if !blocked {
-		v = fn(kvc, obs, now)
+		v = fn(kvc, obs, ro, now)
 	}
 
 	st := *kvc.Status.DeepCopy()
 	st.ObservedGeneration = kvc.Generation
-	st.ClientEndpoint = endpoint
-	nowTime := metav1.NewTime(now.Truncate(time.Second))
+	st.ClientEndpoint = specs.ClientEndpoint(kvc)
 	st.Members = memberStatuses(kvc, obs)
-	if v.phase != kvc.Status.Phase || obs.readyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil ||
+	if v.phase != kvc.Status.Phase || obs.ReadyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil ||
 		membersMoved(kvc.Status.Members, st.Members) {
-		st.LastProgressTime = &nowTime
+		at := metav1.NewTime(now.Truncate(time.Second))
+		st.LastProgressTime = &at
 	}
 	st.Phase = v.phase
-	st.ReadyPartitions = obs.readyMembers
-	if ver := commonVersion(obs.cluster); ver != "" {
+	st.ReadyPartitions = obs.ReadyMembers
+	if ver := commonVersion(obs.Cluster); ver != "" {
 		st.CurrentVersion = ver
 	}
 
-	setCondition(&st, kvv1.ConditionReady, v.phase == kvv1.PhaseReady && v.reason == ReasonClusterReady, v.reason, v.message, kvc.Generation, nowTime)
+	SetCondition(&st, kvc, kvv1.ConditionReady, v.phase == kvv1.PhaseReady && v.reason == ReasonClusterReady, v.reason, v.message, now)
 	progressing := v.phase == kvv1.PhaseCreating || v.phase == kvv1.PhaseUpgrading
 	reconcilingReason := v.reason
 	if !progressing {
 		reconcilingReason = ReasonIdle
 	}
-	setCondition(&st, kvv1.ConditionReconciling, progressing, reconcilingReason, v.message, kvc.Generation, nowTime)
+	SetCondition(&st, kvc, kvv1.ConditionReconciling, progressing, reconcilingReason, v.message, now)
 	stalledReason, stalledMessage := ReasonNotFailed, "the operator is making progress"
 	if v.phase == kvv1.PhaseFailed {
 		stalledReason, stalledMessage = v.reason, v.message
 	}
-	setCondition(&st, kvv1.ConditionStalled, v.phase == kvv1.PhaseFailed, stalledReason, stalledMessage, kvc.Generation, nowTime)
+	SetCondition(&st, kvc, kvv1.ConditionStalled, v.phase == kvv1.PhaseFailed, stalledReason, stalledMessage, now)
 	return st, v
-}
-
-// setCondition sets a condition on the status, moving lastTransitionTime only when the condition's
-// status really changes.
-func setCondition(st *kvv1.KVClusterStatus, condType string, status bool, reason, message string, generation int64, now metav1.Time) {
-	s := metav1.ConditionFalse
-	if status {
-		s = metav1.ConditionTrue
-	}
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-		Type: condType, Status: s, Reason: reason, Message: message,
-		ObservedGeneration: generation, LastTransitionTime: now,
-	})
 }
 
 // membersMoved reports progress of a rollout: a member joined, left, was promoted or changed version.
@@ -299,8 +199,8 @@ func membersMoved(before, after []kvv1.MemberStatus) bool {
 // memberStatuses is etcd's member list for status; when etcd did not answer, the last known list
 // is kept with every member marked not healthy and no leader. A member seen healthy records the
 // volume claim it runs on; a member not seen healthy keeps the one recorded before.
-func memberStatuses(kvc *kvv1.KVCluster, obs observation) []kvv1.MemberStatus {
-	previous, cluster := kvc.Status.Members, obs.cluster
+func memberStatuses(kvc *kvv1.KVCluster, obs Observation) []kvv1.MemberStatus {
+	previous, cluster := kvc.Status.Members, obs.Cluster
 	if cluster == nil {
 		out := make([]kvv1.MemberStatus, len(previous))
 		for i, m := range previous {
@@ -313,7 +213,7 @@ func memberStatuses(kvc *kvv1.KVCluster, obs observation) []kvv1.MemberStatus {
 	for _, m := range cluster.Members {
 		name := m.Name
 		if !m.Started() { // an added member is known by its peer URL until it runs
-			if ord, ok := memberOrdinal(kvc, m); ok {
+			if ord, ok := MemberOrdinal(kvc, m); ok {
 				name = specs.MemberName(kvc, ord)
 			}
 		}
@@ -322,8 +222,8 @@ func memberStatuses(kvc *kvv1.KVCluster, obs observation) []kvv1.MemberStatus {
 			Leader: m.Leader, Learner: m.Learner, Healthy: m.Healthy,
 			VolumeUID: string(recordedVolume(kvc, name)),
 		}
-		if ord, ok := specs.OrdinalOfMember(kvc, name); ok && m.Healthy && m.Started() && obs.pods[ord].volumeUID != "" {
-			ms.VolumeUID = string(obs.pods[ord].volumeUID)
+		if ord, ok := specs.OrdinalOfMember(kvc, name); ok && m.Healthy && m.Started() && obs.Pods[ord].VolumeUID != "" {
+			ms.VolumeUID = string(obs.Pods[ord].VolumeUID)
 		}
 		out = append(out, ms)
 	}

@@ -1,0 +1,378 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	kvv1ac "github.com/kvcluster/kvcluster-operator/apis/applyconfiguration/apis/v1alpha1"
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=patch
+
+// act carries out a plan, in its order, and decides nothing: the finalizer, adopted volumes, the
+// owned objects, one rollout step, stale alarms, backup Jobs, then the status and its events. A
+// failed apply does not stop it: status still says how the cluster is (and why the apply failed),
+// and backups still run. An apply the API server refuses for good is itself observed, and the
+// cluster planned again with it. Transient errors are returned at the end, so the reconcile is
+// retried with backoff.
+func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs plan.Observation, p plan.Plan, now time.Time) (ctrl.Result, error) {
+	if p.Finalizer != nil {
+		if err := r.applyFinalizer(ctx, kvc, *p.Finalizer); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if err := r.adoptClaims(ctx, kvc, p.AdoptClaims); err != nil {
+		return ctrl.Result{}, err
+	}
+	var applyErr error
+	if p.Children != nil {
+		var notOwned *notOwnedError
+		switch err := r.applyChildren(ctx, kvc, p.Guard, *p.Children); {
+		case errors.As(err, &notOwned):
+			obs.ForeignChildren = append(obs.ForeignChildren, notOwned.what)
+			p = plan.Make(kvc, obs, now, r.planConfig())
+		case rejected(err):
+			obs.ApplyRejected = err.Error()
+			p = plan.Make(kvc, obs, now, r.planConfig())
+		default:
+			applyErr = err
+		}
+	}
+	acted := false
+	if p.Rollout.Action != plan.ActWait && applyErr == nil { // a rollout step waits for the objects it builds on
+		var err error
+		if acted, err = r.rolloutStep(ctx, kvc, p.Rollout, p.Endpoints, obs.Cluster); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if disarmed := r.disarm(ctx, kvc, p.Disarm, p.Endpoints); disarmed {
+		acted = true
+	}
+	if err := r.backupJobs(ctx, kvc, p.Backups); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := applyStatus(ctx, r.Client, kvc, p.Status); err != nil {
+		return ctrl.Result{}, err
+	}
+	if p.Status.Phase != kvc.Status.Phase {
+		log.FromContext(ctx).Info("phase changed", "from", kvc.Status.Phase, "to", p.Status.Phase, "reason", p.Reason, "message", p.Message)
+	}
+	r.record(kvc, p.Events...)
+	requeue := p.RequeueAfter
+	if acted { // a membership change shows in etcd at once; apply what follows from it soon
+		requeue = min(requeue, time.Second)
+	}
+	return ctrl.Result{RequeueAfter: requeue}, applyErr
+}
+
+func (r *KVClusterReconciler) planConfig() plan.Config {
+	return plan.Config{Images: specs.Images{EtcdRepository: r.EtcdRepository, Operator: r.BackupImage}}
+}
+
+func (r *KVClusterReconciler) record(kvc *kvv1.KVCluster, events ...plan.Event) {
+	for _, e := range events {
+		r.Recorder.Eventf(kvc, nil, e.Type, e.Reason, e.Action, "%s", e.Message)
+	}
+}
+
+// rejected: the API server refused a write for a reason that does not pass by itself (a
+// validating admission policy or webhook, a quota, missing permissions, an invalid object).
+func rejected(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) || apierrors.IsRequestEntityTooLargeError(err)
+}
+
+// applyFinalizer applies the finalizer (present) or gives it up. It is applied to metadata only
+// (the operator never writes the spec), with the UID so a KVCluster deleted meanwhile is never
+// re-created.
+func (r *KVClusterReconciler) applyFinalizer(ctx context.Context, kvc *kvv1.KVCluster, present bool) error {
+	ac := kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithUID(kvc.UID)
+	if present {
+		ac.WithFinalizers(kvv1.FinalizerFinalBackup)
+	}
+	if err := r.Client.Apply(ctx, ac, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+		if !present && apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("apply finalizer of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
+	}
+	return nil
+}
+
+// adoptClaims labels leftover claims with this cluster's UID (kvcluster.io/adopt-volumes), so
+// they stay its own once the annotation is gone.
+func (r *KVClusterReconciler) adoptClaims(ctx context.Context, kvc *kvv1.KVCluster, names []string) error {
+	for _, name := range names {
+		mine := corev1ac.PersistentVolumeClaim(name, kvc.Namespace).WithLabels(map[string]string{specs.ClusterUIDLabel: string(kvc.UID)})
+		if err := r.Client.Apply(ctx, mine, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			return fmt.Errorf("adopt volume claim %s/%s: %w", kvc.Namespace, name, err)
+		}
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventVolumeAdopted, "Adopt",
+			"adopted volume claim %s (%s=true): its member starts on the data it holds", name, kvv1.AnnotationAdoptVolumes)
+	}
+	return nil
+}
+
+// applyChildren applies every object the cluster owns. The guard goes first (what the deletion
+// steps need names it as an owner), the membership ConfigMap before the StatefulSet, whose pods
+// read it when they start; a guard no longer wanted goes last, once nothing names it.
+func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, wantGuard bool, ch plan.Children) error {
+	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: kvc.Namespace, Name: name} }
+	var guard types.UID
+	if wantGuard {
+		var err error
+		if guard, err = r.applyGuard(ctx, kvc); err != nil {
+			return err
+		}
+	}
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
+		return err
+	}
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{}), corev1ac.ExtractService); err != nil {
+		return err
+	}
+	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, ch.DisruptionBase),
+		policyv1ac.ExtractPodDisruptionBudget); err != nil {
+		return err
+	}
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
+		specs.MembershipConfigMap(kvc, ch.Membership, guard), corev1ac.ExtractConfigMap); err != nil {
+		return err
+	}
+	set := ch.Set
+	set.Guard = guard
+	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
+		return err
+	}
+	if !wantGuard {
+		return r.deleteGuard(ctx, kvc.Namespace, kvc.Name, kvc.UID)
+	}
+	return nil
+}
+
+// applyGuard keeps the cluster's deletion guard and returns its UID. It is owned by no one on
+// purpose (foreignChildren checks the cluster UID it carries), so applyOwned does not fit it.
+func (r *KVClusterReconciler) applyGuard(ctx context.Context, kvc *kvv1.KVCluster) (types.UID, error) {
+	var guard corev1.ConfigMap
+	key := client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}
+	switch err := r.Client.Get(ctx, key, &guard); {
+	case err == nil:
+		if owned, err := corev1ac.ExtractConfigMap(&guard, specs.FieldManager); err == nil && equality.Semantic.DeepEqual(owned, specs.Guard(kvc)) {
+			return guard.UID, nil
+		}
+	case !apierrors.IsNotFound(err):
+		return "", fmt.Errorf("get ConfigMap %s: %w", key, err)
+	}
+	applied := specs.Guard(kvc)
+	if err := r.Client.Apply(ctx, applied, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+		return "", fmt.Errorf("apply the deletion guard %s: %w", key, err)
+	}
+	if applied.UID != nil { // the server's answer is decoded into the apply configuration
+		return *applied.UID, nil
+	}
+	if err := r.APIReader.Get(ctx, key, &guard); err != nil {
+		return "", fmt.Errorf("get ConfigMap %s: %w", key, err)
+	}
+	return guard.UID, nil
+}
+
+// deleteGuard lets the garbage collector remove the cluster's objects. It deletes only the guard
+// of this incarnation (any, when uid is empty), and never one that keeps members orphaned on
+// purpose (kubectl delete --cascade=orphan): a guard is a second owner of the members.
+func (r *KVClusterReconciler) deleteGuard(ctx context.Context, namespace, name string, uid types.UID) error {
+	var guard corev1.ConfigMap
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: specs.GuardNameOf(name)}, &guard); {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	}
+	if guard.Labels[specs.GuardLabel] != "true" || guard.Annotations[specs.OrphanedAnnotation] == "true" ||
+		(uid != "" && guard.Labels[specs.ClusterUIDLabel] != string(uid)) {
+		return nil
+	}
+	err := r.Client.Delete(ctx, &guard, client.Preconditions{UID: &guard.UID})
+	if err := ignoreGone(err); err != nil {
+		return fmt.Errorf("delete the deletion guard %s/%s: %w", namespace, guard.Name, err)
+	}
+	return nil
+}
+
+// rolloutStep carries out one rollout step and announces it. It reports whether it changed
+// anything. Deletions carry the UID the decision was made on, so a decision taken on a stale cache
+// can never delete a pod (or volume) that has already been replaced.
+func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVCluster, ro plan.Rollout, endpoints []string, etcd *members.Cluster) (bool, error) {
+	name := specs.MemberName(kvc, ro.Ordinal)
+	var eventReason string
+	switch ro.Action {
+	case plan.ActWait:
+		return false, nil
+
+	case plan.ActPreUpgradeBackup:
+		if old := ro.OldJob; old != nil { // an earlier upgrade's: make room for this one's
+			err := r.Client.Delete(ctx, old, client.PropagationPolicy(metav1.DeletePropagationBackground), client.Preconditions{UID: &old.UID})
+			return true, ignoreGone(err)
+		}
+		// Its object's name has the time in it: a Job created a moment ago, not in the cache yet,
+		// must not be applied again (its template is immutable).
+		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.PreUpgradeBackupJobName(kvc)}, &batchv1.Job{}); err == nil {
+			return false, nil
+		}
+		if err := r.Client.Apply(ctx, specs.PreUpgradeBackupJob(kvc, r.BackupImage, r.Clock.Now()), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			return false, fmt.Errorf("apply pre-upgrade backup Job: %w", err)
+		}
+		eventReason = plan.EventPreUpgradeBackup
+
+	case plan.ActRestartPod:
+		if err := r.deletePod(ctx, kvc, name, ro.PodUID); err != nil {
+			return false, err
+		}
+		eventReason = plan.EventMemberRestarted
+
+	case plan.ActMoveLeader:
+		if err := r.Members.MoveLeader(ctx, specs.MemberClientURL(kvc, ro.Ordinal), ro.To); err != nil {
+			return r.etcdRefused(ctx, kvc, ro, err)
+		}
+		eventReason = plan.EventLeaderMoved
+
+	case plan.ActAddLearner:
+		if _, err := r.Members.AddLearner(ctx, endpoints, specs.MemberPeerURL(kvc, ro.Ordinal)); err != nil {
+			return r.etcdRefused(ctx, kvc, ro, err)
+		}
+		eventReason = plan.EventMemberAdded
+
+	case plan.ActPromote:
+		err := r.Members.Promote(ctx, endpoints, ro.MemberID)
+		if errors.Is(err, members.ErrLearnerNotReady) {
+			return false, nil // etcd says it is still behind; look again soon
+		}
+		if err != nil {
+			return r.etcdRefused(ctx, kvc, ro, err)
+		}
+		eventReason = plan.EventMemberPromoted
+
+	case plan.ActRemove:
+		// Through the other members: the one being removed answers "server stopped" even on success.
+		others := make([]string, 0, len(endpoints))
+		for _, u := range endpoints {
+			if u != specs.MemberClientURL(kvc, ro.Ordinal) {
+				others = append(others, u)
+			}
+		}
+		if err := r.Members.Remove(ctx, others, ro.MemberID); err != nil {
+			return r.etcdRefused(ctx, kvc, ro, err)
+		}
+		eventReason = plan.EventMemberRemoved
+
+	case plan.ActWipeLearner:
+		// Only the volume of a learner that never started holds nothing the cluster needs.
+		if !unstartedLearner(etcd, ro.MemberID) {
+			return false, fmt.Errorf("refusing to reset the volume of %s: etcd member %x is not a learner that has not started", name, ro.MemberID)
+		}
+		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: specs.DataClaimName(kvc, ro.Ordinal)}}
+		if uid := ro.VolumeUID; uid != "" {
+			if err := ignoreGone(r.Client.Delete(ctx, claim, client.Preconditions{UID: &uid})); err != nil {
+				return false, fmt.Errorf("delete volume claim %s: %w", claim.Name, err)
+			}
+		}
+		if err := r.deletePod(ctx, kvc, name, ro.PodUID); err != nil {
+			return false, err
+		}
+		eventReason = plan.EventMemberVolumeReset
+	}
+	log.FromContext(ctx).Info("rollout step", "action", eventReason, "member", name, "message", ro.Message)
+	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, eventReason, ro.Reason, "%s", ro.Message)
+	return true, nil
+}
+
+// unstartedLearner: etcd still reports the member as a learner that never started. Checked again
+// right before a volume is reset, whatever the plan said.
+func unstartedLearner(c *members.Cluster, id uint64) bool {
+	if c == nil {
+		return false
+	}
+	for _, m := range c.Members {
+		if m.ID == id {
+			return m.Learner && !m.Started()
+		}
+	}
+	return false
+}
+
+func (r *KVClusterReconciler) deletePod(ctx context.Context, kvc *kvv1.KVCluster, name string, uid types.UID) error {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: name}}
+	if err := ignoreGone(r.Client.Delete(ctx, pod, client.Preconditions{UID: &uid})); err != nil {
+		return fmt.Errorf("delete pod %s/%s: %w", kvc.Namespace, name, err)
+	}
+	return nil
+}
+
+// etcdRefused reports a membership request etcd refused as a warning; the next reconcile decides
+// again from what etcd then reports, so it is not retried blindly. etcd's refusal right after a
+// member restarted is expected, and only logged.
+func (r *KVClusterReconciler) etcdRefused(ctx context.Context, kvc *kvv1.KVCluster, ro plan.Rollout, err error) (bool, error) {
+	if errors.Is(err, members.ErrNotNow) {
+		log.FromContext(ctx).Info("etcd refused a membership change for now; trying again", "step", ro.Message, "error", err.Error())
+		return false, nil
+	}
+	r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, plan.EventMembershipChangeFailed, ro.Reason, "%s: etcd refused: %v", ro.Message, err)
+	return false, nil
+}
+
+// ignoreGone treats an object already deleted, or already replaced by a new one, as done.
+func ignoreGone(err error) error {
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+// disarm clears the stale alarms the plan names; one etcd does not clear yet is tried again on
+// the next reconcile. It reports whether there were any.
+func (r *KVClusterReconciler) disarm(ctx context.Context, kvc *kvv1.KVCluster, alarms []members.Alarm, endpoints []string) bool {
+	for _, a := range alarms {
+		if err := r.Members.DisarmAlarm(ctx, endpoints, a); err != nil {
+			log.FromContext(ctx).Info("cannot disarm a stale alarm yet", "alarm", a.Type, "member", fmt.Sprintf("%x", a.MemberID), "error", err.Error())
+			return false
+		}
+		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventStaleAlarmDisarmed, "Disarm",
+			"disarmed the %s alarm of member %x, which came with the restored snapshot", a.Type, a.MemberID)
+	}
+	return len(alarms) > 0
+}
+
+// backupJobs starts the backup due now and deletes the Jobs beyond the history limits.
+func (r *KVClusterReconciler) backupJobs(ctx context.Context, kvc *kvv1.KVCluster, b plan.Backups) error {
+	if b.Start != nil {
+		if err := r.Client.Apply(ctx, b.Start, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			return fmt.Errorf("apply backup Job %s/%s: %w", kvc.Namespace, *b.Start.Name, err)
+		}
+		r.record(kvc, b.Started)
+	}
+	for _, job := range b.Prune {
+		if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("delete old backup Job %s/%s: %w", job.Namespace, job.Name, err)
+		}
+	}
+	return nil
+}

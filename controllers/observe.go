@@ -1,0 +1,238 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// observe reads, once per reconcile and before anything is decided, what Kubernetes (from the
+// cache; from the API server only what the cache cannot hold) and etcd (live) say about the
+// cluster. It writes nothing.
+func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) (plan.Observation, error) {
+	obs := plan.Observation{Pods: map[int]plan.Pod{}}
+	var sts appsv1.StatefulSet
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts); {
+	case err == nil:
+		obs.STSClaimsUnlabelled = len(sts.Spec.VolumeClaimTemplates) > 0 && sts.Spec.VolumeClaimTemplates[0].Labels[specs.ClusterUIDLabel] == ""
+		obs.ReadyMembers = sts.Status.ReadyReplicas
+		obs.STSReplicas = sts.Spec.Replicas
+		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
+	case !apierrors.IsNotFound(err):
+		return obs, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)
+	}
+	if err := r.observePods(ctx, kvc, &sts, &obs); err != nil {
+		return obs, err
+	}
+
+	var cm corev1.ConfigMap
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.MembershipConfigMapName(kvc)}, &cm); {
+	case err == nil:
+		if m, ok := specs.ParseMembership(kvc, cm.Data); ok {
+			obs.Membership = &m
+		}
+	case !apierrors.IsNotFound(err):
+		return obs, fmt.Errorf("get ConfigMap %s/%s: %w", kvc.Namespace, cm.Name, err)
+	}
+
+	var err error
+	if obs.Jobs, obs.PreUpgradeJob, err = r.observeJobs(ctx, kvc); err != nil {
+		return obs, err
+	}
+	if obs.ForeignChildren, obs.STSForeign, err = r.foreignChildren(ctx, kvc); err != nil {
+		return obs, err
+	}
+	if obs.LeftoverClaims, err = r.leftoverClaims(ctx, kvc, obs); err != nil {
+		return obs, err
+	}
+
+	if sts.Status.Replicas == 0 && len(obs.Pods) == 0 {
+		obs.EtcdErr = fmt.Errorf("no member pods exist yet")
+		return obs, nil
+	}
+	cluster, err := r.Members.Cluster(ctx, obs.ClientURLs(kvc), func(m members.Member) (string, bool) {
+		ord, ok := plan.MemberOrdinal(kvc, m)
+		return specs.MemberClientURL(kvc, ord), ok
+	})
+	if err != nil {
+		obs.EtcdErr = err
+		return obs, nil
+	}
+	obs.Cluster = &cluster
+	return obs, nil
+}
+
+// observePods reads the member pods and the data claims they run on.
+func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVCluster, sts *appsv1.StatefulSet, obs *plan.Observation) error {
+	inCluster := []client.ListOption{client.InNamespace(kvc.Namespace), client.MatchingLabels{specs.ClusterLabel: kvc.Name}}
+	var claims corev1.PersistentVolumeClaimList
+	if err := r.Client.List(ctx, &claims, inCluster...); err != nil {
+		return fmt.Errorf("list volume claims of %s/%s: %w", kvc.Namespace, kvc.Name, err)
+	}
+	claimUIDs := map[string]types.UID{}
+	for _, c := range claims.Items {
+		if c.DeletionTimestamp == nil {
+			claimUIDs[c.Name] = c.UID
+		}
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, inCluster...); err != nil {
+		return fmt.Errorf("list pods of %s/%s: %w", kvc.Namespace, kvc.Name, err)
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		ord, ok := specs.OrdinalOfMember(kvc, pod.Name)
+		if !ok || pod.Labels[appsv1.StatefulSetRevisionLabel] == "" {
+			continue // not a member pod (a backup Job's, say)
+		}
+		info := plan.Pod{
+			UID:         pod.UID,
+			Terminating: pod.DeletionTimestamp != nil,
+			Outdated:    obs.STSSettled && pod.Labels[appsv1.StatefulSetRevisionLabel] != sts.Status.UpdateRevision,
+			VolumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)],
+		}
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				info.Ready = c.Status == corev1.ConditionTrue
+			}
+		}
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.Name == "etcd" {
+				info.Restarts = cs.RestartCount
+			}
+		}
+		obs.Pods[ord] = info
+	}
+	return nil
+}
+
+// observeJobs reads the cluster's backup Jobs, sorted by name, with the report of the newest
+// finished one, and the pre-upgrade backup Job among them.
+func (r *KVClusterReconciler) observeJobs(ctx context.Context, kvc *kvv1.KVCluster) ([]plan.Job, *batchv1.Job, error) {
+	var list batchv1.JobList
+	if err := r.Client.List(ctx, &list, client.InNamespace(kvc.Namespace),
+		client.MatchingLabels{specs.ClusterLabel: kvc.Name}, client.HasLabels{specs.BackupKindLabel}); err != nil {
+		return nil, nil, fmt.Errorf("list backup Jobs of %s/%s: %w", kvc.Namespace, kvc.Name, err)
+	}
+	jobs := make([]plan.Job, 0, len(list.Items))
+	var preUpgrade *batchv1.Job
+	for i := range list.Items {
+		jobs = append(jobs, plan.NewJob(&list.Items[i], ""))
+		if list.Items[i].Name == specs.PreUpgradeBackupJobName(kvc) {
+			preUpgrade = &list.Items[i]
+		}
+	}
+	slices.SortFunc(jobs, func(a, b plan.Job) int { return strings.Compare(a.Job.Name, b.Job.Name) })
+	if latest := plan.NewestFinished(jobs); latest != nil {
+		report, err := r.jobReport(ctx, latest.Job, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		latest.Report = report
+	}
+	return jobs, preUpgrade, nil
+}
+
+// jobReport is the termination message of a Job's pod (the backup program's result or error). Pods
+// are matched by the Job's UID: an earlier Job of the same name may have left pods behind. A Job
+// seen finished before its pod's final status reached the cache is read on the API server when
+// fresh (a deletion step reads its report once; a scheduled backup's is read again later).
+func (r *KVClusterReconciler) jobReport(ctx context.Context, job *batchv1.Job, fresh bool) (string, error) {
+	readers := []client.Reader{r.Client}
+	if fresh {
+		readers = append(readers, r.APIReader)
+	}
+	for _, reader := range readers {
+		var pods corev1.PodList
+		if err := reader.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)}); err != nil {
+			return "", fmt.Errorf("list pods of Job %s/%s: %w", job.Namespace, job.Name, err)
+		}
+		for _, p := range pods.Items {
+			for _, cs := range p.Status.ContainerStatuses {
+				if t := cs.State.Terminated; t != nil && t.Message != "" {
+					return strings.TrimSpace(t.Message), nil
+				}
+			}
+		}
+	}
+	return "", nil
+}
+
+// foreignChildren lists the objects the cluster would own that exist and belong to someone else:
+// an unrelated Service named <name>-client, or what an earlier KVCluster of the same name left
+// while the garbage collector removes it. None of them may be written.
+// stsForeign says the StatefulSet is among them: what answers at the members' names is then
+// someone else's, and is never backed up.
+func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVCluster) (foreign []string, stsForeign bool, err error) {
+	children := []struct {
+		kind, name string
+		obj        client.Object
+	}{
+		{"Service", specs.PeerServiceName(kvc), &corev1.Service{}},
+		{"Service", specs.ClientServiceName(kvc), &corev1.Service{}},
+		{"PodDisruptionBudget", kvc.Name, &policyv1.PodDisruptionBudget{}},
+		{"ConfigMap", specs.MembershipConfigMapName(kvc), &corev1.ConfigMap{}},
+		{"StatefulSet", kvc.Name, &appsv1.StatefulSet{}},
+	}
+	var guard corev1.ConfigMap // owned by no one on purpose: it names its cluster by UID
+	// Only the cache is asked: a guard always carries the operator's labels.
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); client.IgnoreNotFound(err) != nil {
+		return nil, false, err
+	} else if err == nil && guard.Labels[specs.ClusterUIDLabel] != string(kvc.UID) {
+		foreign = append(foreign, "ConfigMap "+guard.Name+" (the deletion guard of another KVCluster, uid "+guard.Labels[specs.ClusterUIDLabel]+")")
+	}
+	for _, c := range children {
+		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: c.name}, c.obj)
+		if err != nil {
+			return nil, false, err
+		}
+		if found && !controlledBy(c.obj, kvc) {
+			foreign = append(foreign, c.kind+" "+c.name+" ("+ownerOf(c.obj)+")")
+			stsForeign = stsForeign || c.kind == "StatefulSet"
+		}
+	}
+	return foreign, stsForeign, nil
+}
+
+// leftoverClaims lists the data claims, among those of every member the cluster has or may get,
+// that exist and were not made for this KVCluster: volumes retained from an earlier cluster of
+// the same name, or created by hand. The StatefulSet would adopt them and its members would start
+// on their data (a restore would be skipped, since the member has data).
+func (r *KVClusterReconciler) leftoverClaims(ctx context.Context, kvc *kvv1.KVCluster, obs plan.Observation) ([]string, error) {
+	n := int(kvc.Spec.Partitions)
+	if obs.STSReplicas != nil {
+		n = max(n, int(*obs.STSReplicas))
+	}
+	for _, m := range kvc.Status.Members {
+		if ord, ok := specs.OrdinalOfMember(kvc, m.Name); ok {
+			n = max(n, ord+1)
+		}
+	}
+	var leftover []string
+	for ord := range n {
+		var claim corev1.PersistentVolumeClaim
+		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.DataClaimName(kvc, ord)}, &claim)
+		if err != nil {
+			return nil, err
+		}
+		// A claim being deleted is no risk: no new pod may use it, and the StatefulSet makes a new one.
+		if found && claim.DeletionTimestamp == nil && !plan.ClaimBelongs(kvc, &claim) {
+			leftover = append(leftover, claim.Name)
+		}
+	}
+	return leftover, nil
+}

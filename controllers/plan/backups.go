@@ -1,0 +1,214 @@
+package plan
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// Backups is what the schedule asks for now.
+type Backups struct {
+	// Start is the Job of the slot due now; nil when none is.
+	Start *batchv1ac.JobApplyConfiguration
+	// Started is the event that announces Start once it is applied.
+	Started Event
+	// Prune are finished scheduled Jobs beyond the history limits, to delete.
+	Prune []*batchv1.Job
+}
+
+// slot is what the schedule asks for at one moment.
+type slot struct {
+	// at is the slot to start a Job for now; zero when none is due.
+	at      time.Time
+	skipped int
+	next    time.Time
+	err     error
+}
+
+// dueSlot decides from the schedule whether a backup is due now. No backup starts while another
+// runs or while the cluster is still being created; a slot already started
+// (status.lastScheduledTime) never starts again.
+func dueSlot(kvc *kvv1.KVCluster, running bool, now time.Time) slot {
+	b := kvc.Spec.Backup
+	sched, err := backup.Parse(kvc.Spec.BackupSchedule, b.TimeZone, now)
+	if err != nil {
+		return slot{err: err}
+	}
+	s := slot{next: sched.Next(now)}
+	// Not before the cluster formed (a cluster stopped from the start has nothing to back up).
+	if b.Suspend || running || kvc.Status.Phase == kvv1.PhaseCreating || kvc.Status.Phase == "" || kvc.Status.CurrentVersion == "" {
+		return s
+	}
+	after := kvc.CreationTimestamp.Time
+	if t := kvc.Status.LastScheduledTime; t != nil {
+		after = t.Time
+	}
+	s.at, s.skipped = sched.MostRecentSlot(after, now, time.Duration(b.StartingDeadlineSeconds)*time.Second)
+	return s
+}
+
+// planBackups records finished backups in st (the status about to be written), decides the Job
+// due now and the Jobs to prune, and says when to look again (0: no schedule). ownMembers is
+// false when what answers at the members' names is someone else's: no backup of it is taken.
+func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, now time.Time, image string) (Backups, []Event, time.Duration) {
+	var out Backups
+	if kvc.Spec.Backup == nil {
+		st.NextBackupTime = nil
+		return out, nil, 0
+	}
+	// Every finished backup is recorded, scheduled or not (the one taken before an upgrade).
+	var events []Event
+	if rec, isNew := RecordFinishedBackups(st, kvc, obs.Jobs); isNew {
+		events = append(events, backupEvent(rec))
+	}
+	if kvc.Spec.BackupSchedule == "" {
+		st.NextBackupTime = nil
+		return out, events, 0
+	}
+	running := slices.ContainsFunc(obs.Jobs, func(j Job) bool { return !j.Done })
+	s := dueSlot(kvc, running, now)
+	if obs.STSForeign {
+		s.at = time.Time{}
+	}
+	if s.err != nil {
+		why := s.err.Error() + "; no backups will run until it is fixed"
+		if prev := meta.FindStatusCondition(st.Conditions, kvv1.ConditionBackupSucceeded); prev == nil || prev.Reason != ReasonInvalidSchedule {
+			events = append(events, Event{Type: corev1.EventTypeWarning, Reason: ReasonInvalidSchedule, Action: "Schedule", Message: why})
+		}
+		SetCondition(st, kvc, kvv1.ConditionBackupSucceeded, false, ReasonInvalidSchedule, why, now)
+		st.NextBackupTime = nil
+		return out, events, 0
+	}
+	if !s.at.IsZero() {
+		name := backup.JobName(kvc.Name, s.at)
+		out.Start = specs.BackupJob(kvc, specs.ScheduledBackupRun(kvc, name), image)
+		at := metav1.NewTime(s.at)
+		st.LastScheduledTime = &at
+		msg := fmt.Sprintf("started backup %s for the slot %s", name, s.at.UTC().Format(time.RFC3339))
+		if s.skipped > 0 {
+			msg += fmt.Sprintf(" (%d earlier slots were missed and will not run)", s.skipped)
+		}
+		out.Started = Event{Type: corev1.EventTypeNormal, Reason: EventBackupStarted, Action: "Backup", Message: msg}
+	}
+	next := metav1.NewTime(s.next)
+	st.NextBackupTime = &next
+	out.Prune = jobsToPrune(kvc, obs.Jobs)
+	return out, events, max(s.next.Sub(now), time.Second)
+}
+
+// jobsToPrune keeps the newest jobHistoryLimit successful scheduled Jobs and the newest failed one,
+// so finished Jobs never pile up. It never picks a running Job, or one that is not scheduled.
+func jobsToPrune(kvc *kvv1.KVCluster, jobs []Job) []*batchv1.Job {
+	keep := map[bool]int{true: int(kvc.Spec.Backup.JobHistoryLimit), false: 1}
+	finished := slices.DeleteFunc(slices.Clone(jobs), func(j Job) bool {
+		return !j.Done || j.Job.Labels[specs.BackupKindLabel] != specs.BackupScheduled
+	})
+	slices.SortFunc(finished, func(a, b Job) int { return b.FinishedAt.Compare(a.FinishedAt) }) // newest first
+	seen := map[bool]int{}
+	var prune []*batchv1.Job
+	for _, j := range finished {
+		seen[j.Succeeded]++
+		if seen[j.Succeeded] > keep[j.Succeeded] {
+			prune = append(prune, j.Job)
+		}
+	}
+	return prune
+}
+
+// NewestFinished is the most recently finished Job, or nil: the only one whose report is read.
+func NewestFinished(jobs []Job) *Job {
+	var latest *Job
+	for i := range jobs {
+		if j := &jobs[i]; j.Done && (latest == nil || j.FinishedAt.After(latest.FinishedAt)) {
+			latest = j
+		}
+	}
+	return latest
+}
+
+// RecordFinishedBackups puts the newest finished backup into status: lastBackup (from its report),
+// lastBackupTime (successes only) and the BackupSucceeded condition. It returns the record, and
+// whether it is new, so it is announced once.
+func RecordFinishedBackups(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, jobs []Job) (newest *kvv1.BackupRecord, isNew bool) {
+	for _, j := range jobs {
+		if j.Done && j.Succeeded {
+			t := metav1.NewTime(j.FinishedAt.Truncate(time.Second))
+			if st.LastBackupTime == nil || t.After(st.LastBackupTime.Time) {
+				st.LastBackupTime = &t
+			}
+		}
+	}
+	latest := NewestFinished(jobs)
+	if latest == nil {
+		return nil, false
+	}
+	rec := backupRecord(*latest)
+	isNew = st.LastBackup == nil || st.LastBackup.Job != rec.Job || st.LastBackup.Succeeded != rec.Succeeded
+	st.LastBackup = &rec
+	if rec.Succeeded {
+		SetCondition(st, kvc, kvv1.ConditionBackupSucceeded, true, ReasonBackupCompleted, strings.TrimSuffix(fmt.Sprintf(
+			"backup %s wrote %s (%d bytes, revision %d, sha256 %s); %s", rec.Job, rec.Location, rec.Size, rec.Revision, rec.SHA256, rec.Message), "; "),
+			rec.CompletionTime.Time)
+	} else {
+		SetCondition(st, kvc, kvv1.ConditionBackupSucceeded, false, ReasonBackupFailed,
+			fmt.Sprintf("backup %s failed: %s", rec.Job, rec.Message), rec.CompletionTime.Time)
+	}
+	return &rec, isNew
+}
+
+// backupRecord turns a finished Job into the status record users read.
+func backupRecord(j Job) kvv1.BackupRecord {
+	rec := kvv1.BackupRecord{Job: j.Job.Name, Succeeded: j.Succeeded}
+	t := metav1.NewTime(j.FinishedAt.Truncate(time.Second))
+	rec.CompletionTime = &t
+	var res backup.Result
+	if j.Succeeded && json.Unmarshal([]byte(j.Report), &res) == nil {
+		rec.Location, rec.Size, rec.SHA256, rec.Revision, rec.EtcdVersion = res.Location, res.Size, res.SHA256, res.Revision, res.EtcdVersion
+		rec.Pruned = int32(len(res.Pruned))
+		_, rec.WritesFenced = j.Job.Annotations[specs.WritesFencedAnnotation]
+		if len(res.Warnings) > 0 {
+			rec.Message = "succeeded with warnings: " + strings.Join(res.Warnings, "; ")
+		}
+		return rec
+	}
+	rec.Message = j.Report
+	if rec.Message == "" {
+		rec.Message = "the backup Job failed without a report (see its pod's events): " + JobFailureMessage(j.Job)
+	}
+	return rec
+}
+
+// JobFailureMessage is the reason and message of a Job's Failed condition.
+func JobFailureMessage(job *batchv1.Job) string {
+	for _, c := range job.Status.Conditions {
+		if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	return ""
+}
+
+// backupEvent announces a finished backup.
+func backupEvent(rec *kvv1.BackupRecord) Event {
+	switch {
+	case rec.Succeeded && rec.Message != "": // e.g. what killed backups left could not be cleaned up
+		return Event{Type: corev1.EventTypeWarning, Reason: ReasonBackupCompleted, Action: "Backup", Message: fmt.Sprintf(
+			"backup %s wrote %s (%d bytes, revision %d); retention deleted %d older snapshots; it %s", rec.Job, rec.Location, rec.Size, rec.Revision, rec.Pruned, rec.Message)}
+	case rec.Succeeded:
+		return Event{Type: corev1.EventTypeNormal, Reason: ReasonBackupCompleted, Action: "Backup", Message: fmt.Sprintf(
+			"backup %s wrote %s (%d bytes, revision %d); retention deleted %d older snapshots", rec.Job, rec.Location, rec.Size, rec.Revision, rec.Pruned)}
+	}
+	return Event{Type: corev1.EventTypeWarning, Reason: ReasonBackupFailed, Action: "Backup", Message: fmt.Sprintf("backup %s failed: %s", rec.Job, rec.Message)}
+}

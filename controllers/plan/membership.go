@@ -1,0 +1,118 @@
+package plan
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// MemberOrdinal is the StatefulSet ordinal of an etcd member: by name once it started, by peer URL
+// before (an added member is nameless until it runs).
+func MemberOrdinal(kvc *kvv1.KVCluster, m members.Member) (int, bool) {
+	if ord, ok := specs.OrdinalOfMember(kvc, m.Name); ok {
+		// Named like one of ours but at another address: someone else's member.
+		if len(m.PeerURLs) > 0 && !slices.Contains(m.PeerURLs, specs.MemberPeerURL(kvc, ord)) {
+			return 0, false
+		}
+		return ord, true
+	}
+	for _, u := range m.PeerURLs {
+		if ord, ok := specs.OrdinalOfPeerURL(kvc, u); ok {
+			return ord, true
+		}
+	}
+	return 0, false
+}
+
+// bootstrapped reports whether the cluster has formed (now or before); until then members start as
+// a new cluster, afterwards a member starting without data joins the existing one.
+func bootstrapped(kvc *kvv1.KVCluster, obs Observation) bool {
+	if kvc.Status.CurrentVersion != "" || (obs.Membership != nil && obs.Membership.State == specs.ClusterStateExisting) {
+		return true
+	}
+	c := obs.Cluster
+	if c == nil || !c.HasLeader || !c.AllHealthy() {
+		return false
+	}
+	for _, m := range c.Members {
+		if !m.Started() {
+			return false
+		}
+	}
+	return true
+}
+
+// desiredMembership is what members starting without data are told, and how many pods run. Once
+// the cluster formed, both follow etcd's own member list; while etcd cannot be asked, the last
+// written ones are kept.
+func desiredMembership(kvc *kvv1.KVCluster, obs Observation) (specs.Membership, int32) {
+	if !bootstrapped(kvc, obs) {
+		return specs.NewClusterMembership(kvc), kvc.Spec.Partitions
+	}
+	if obs.Cluster == nil {
+		if obs.Membership != nil && obs.STSReplicas != nil {
+			return *obs.Membership, *obs.STSReplicas
+		}
+		var ordinals []int
+		for _, ms := range kvc.Status.Members {
+			if ord, ok := specs.OrdinalOfMember(kvc, ms.Name); ok {
+				ordinals = append(ordinals, ord)
+			}
+		}
+		if len(ordinals) == 0 {
+			ordinals = specs.NewClusterMembership(kvc).Ordinals
+		}
+		return existingMembership(ordinals)
+	}
+	var ordinals []int
+	for _, mem := range obs.Cluster.Members {
+		if ord, ok := MemberOrdinal(kvc, mem); ok {
+			ordinals = append(ordinals, ord)
+		}
+	}
+	return existingMembership(ordinals)
+}
+
+// existingMembership is the membership of a formed cluster with these members; its pods are the
+// ordinals up to the highest member's (a removed member's slot may be a hole).
+func existingMembership(ordinals []int) (specs.Membership, int32) {
+	slices.Sort(ordinals)
+	m := specs.Membership{State: specs.ClusterStateExisting, Ordinals: ordinals}
+	if len(ordinals) == 0 {
+		return m, 0
+	}
+	return m, int32(ordinals[len(ordinals)-1] + 1)
+}
+
+// disruptionBase is the member count the PodDisruptionBudget protects: the voting members etcd
+// has (the last known count while it cannot be asked), never more than the spec's.
+func disruptionBase(kvc *kvv1.KVCluster, obs Observation) int32 {
+	voting := 0
+	if obs.Cluster != nil {
+		voting = obs.Cluster.Voting()
+	} else {
+		for _, m := range kvc.Status.Members {
+			if !m.Learner {
+				voting++
+			}
+		}
+	}
+	if voting == 0 {
+		return kvc.Spec.Partitions
+	}
+	return min(int32(voting), kvc.Spec.Partitions)
+}
+
+// recordedVolume is the claim a member was last seen healthy on.
+func recordedVolume(kvc *kvv1.KVCluster, name string) types.UID {
+	for _, m := range kvc.Status.Members {
+		if m.Name == name {
+			return types.UID(m.VolumeUID)
+		}
+	}
+	return ""
+}

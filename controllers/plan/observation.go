@@ -1,0 +1,177 @@
+package plan
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// Observation is what one reconcile saw of a cluster, read once before anything is decided:
+// Kubernetes (from the cache) and etcd (live). Nothing in it changes while the plan is made.
+type Observation struct {
+	// ReadyMembers is the StatefulSet's count of ready member pods.
+	ReadyMembers int32
+	// Cluster is etcd's own view; nil when etcd could not be asked or did not answer with a quorum.
+	Cluster *members.Cluster
+	// EtcdErr says why Cluster is nil.
+	EtcdErr error
+
+	// Pods are the member pods by ordinal.
+	Pods map[int]Pod
+	// STSReplicas is the StatefulSet's current replicas (nil before it exists); STSSettled is true
+	// when its controller has seen its latest spec, so pod revisions can be compared with it.
+	STSReplicas *int32
+	STSSettled  bool
+	// STSClaimsUnlabelled: the StatefulSet was made by a release that did not label claims.
+	STSClaimsUnlabelled bool
+	// Membership is what the membership ConfigMap says now (nil before it exists).
+	Membership *specs.Membership
+
+	// Jobs are the cluster's backup Jobs (scheduled, pre-upgrade, final) by name; the newest
+	// finished one carries its report.
+	Jobs []Job
+	// PreUpgradeJob is the pre-upgrade backup Job, of this or an earlier upgrade.
+	PreUpgradeJob *batchv1.Job
+
+	// ForeignChildren and LeftoverClaims are objects the cluster needs that belong to someone
+	// else; while there are any, nothing is written but status.
+	ForeignChildren, LeftoverClaims []string
+	// STSForeign: the StatefulSet under the cluster's name is someone else's, so is what answers
+	// at the members' names: it is never backed up.
+	STSForeign bool
+	// ApplyRejected is why the API server refused to apply the cluster's objects.
+	ApplyRejected string
+}
+
+// Pod is what Kubernetes says about one member's pod.
+type Pod struct {
+	UID         types.UID
+	Ready       bool
+	Terminating bool
+	// Outdated: the pod does not run the StatefulSet's current template (version, resources, …).
+	Outdated bool
+	// Restarts of the etcd container.
+	Restarts int32
+	// VolumeUID is the UID of the pod's data claim; empty while it has none.
+	VolumeUID types.UID
+}
+
+// Job is a backup Job with its outcome and what its pod reported.
+type Job struct {
+	Job *batchv1.Job
+	// Done and Succeeded come from the Job's conditions.
+	Done, Succeeded bool
+	FinishedAt      time.Time
+	// Report is the backup program's termination message: its JSON result, or why it failed.
+	// Read for the newest finished Job only.
+	Report string
+}
+
+// NewJob reads a Job's outcome from its Complete/Failed condition.
+func NewJob(job *batchv1.Job, report string) Job {
+	j := Job{Job: job, Report: report}
+	for _, c := range job.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete:
+			j.Done, j.Succeeded, j.FinishedAt = true, true, c.LastTransitionTime.Time
+			return j
+		case batchv1.JobFailed:
+			j.Done, j.FinishedAt = true, c.LastTransitionTime.Time
+			return j
+		}
+	}
+	return j
+}
+
+// jobState is the state of one Job the rollout waits for.
+type jobState int
+
+const (
+	jobMissing jobState = iota
+	jobRunning
+	jobSucceeded
+	jobFailed
+)
+
+// preUpgradeBackup is the state of this upgrade's pre-upgrade backup (an earlier upgrade's Job
+// does not count).
+func (o Observation) preUpgradeBackup(kvc *kvv1.KVCluster) jobState {
+	job := o.PreUpgradeJob
+	if job == nil || job.Annotations[specs.TargetVersionAnnotation] != kvc.Spec.Version {
+		return jobMissing
+	}
+	switch j := NewJob(job, ""); {
+	case !j.Done:
+		return jobRunning
+	case j.Succeeded:
+		return jobSucceeded
+	}
+	return jobFailed
+}
+
+func (o Observation) outdatedPods() int {
+	n := 0
+	for _, p := range o.Pods {
+		if p.Outdated {
+			n++
+		}
+	}
+	return n
+}
+
+// healthy is the Ready criterion: every member pod ready, and etcd reporting a leader and exactly
+// the expected voting members, all of them answering, and no alarm (under which etcd refuses writes).
+func (o Observation) healthy(kvc *kvv1.KVCluster) bool {
+	n := int(kvc.Spec.Partitions)
+	return o.ReadyMembers == kvc.Spec.Partitions && o.Cluster != nil && o.Cluster.HasLeader &&
+		o.Cluster.AllHealthy() && len(o.Cluster.Members) == n && o.Cluster.Voting() == n && len(o.Cluster.Alarms) == 0
+}
+
+func (o Observation) quorumLost() bool { return o.Cluster == nil || !o.Cluster.HasLeader }
+
+// conflicted: the cluster needs objects that are someone else's; nothing is written but status.
+func (o Observation) conflicted() bool {
+	return len(o.ForeignChildren) > 0 || len(o.LeftoverClaims) > 0
+}
+
+// summary is a one-line account of the members for condition messages.
+func (o Observation) summary(kvc *kvv1.KVCluster) string {
+	s := fmt.Sprintf("%d/%d members ready", o.ReadyMembers, kvc.Spec.Partitions)
+	switch {
+	case o.EtcdErr != nil:
+		s += "; etcd: " + o.EtcdErr.Error()
+	case o.Cluster != nil && !o.Cluster.HasLeader:
+		s += "; etcd reports no leader"
+	case o.Cluster != nil && o.Cluster.Voting() != int(kvc.Spec.Partitions):
+		s += fmt.Sprintf("; etcd has %d voting members", o.Cluster.Voting())
+	}
+	if o.Cluster != nil {
+		for _, a := range o.Cluster.Alarms {
+			s += fmt.Sprintf("; etcd raised the %s alarm for member %x", a.Type, a.MemberID)
+		}
+	}
+	return s
+}
+
+// ClientURLs are the members to ask: the spec's, and any other member pod that exists.
+func (o Observation) ClientURLs(kvc *kvv1.KVCluster) []string {
+	urls := specs.MemberClientURLs(kvc)
+	for _, ord := range slices.Sorted(maps.Keys(o.Pods)) {
+		if ord >= int(kvc.Spec.Partitions) {
+			urls = append(urls, specs.MemberClientURL(kvc, ord))
+		}
+	}
+	return urls
+}

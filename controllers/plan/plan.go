@@ -1,0 +1,151 @@
+// Package plan decides what the operator does with a KVCluster. Its functions are pure: from the
+// cluster, one Observation and the time, Make returns the whole Plan — the status to write, the
+// objects to apply, and the steps to take — so every decision is tested without an API server
+// or etcd. The controllers package observes and acts; it decides nothing itself.
+package plan
+
+import (
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// Config is what the operator was started with that decisions depend on.
+type Config struct {
+	// Images are the default etcd repository and the operator's own image (which Jobs run).
+	Images specs.Images
+}
+
+// Plan is everything one reconcile of a live (not deleted) cluster does, in the order it is done.
+type Plan struct {
+	// Finalizer is whether the deletion finalizer must be added (true) or removed (false); nil
+	// when it is as it should be.
+	Finalizer *bool
+	// Guard: the cluster has deletion steps, so it keeps a deletion guard (see specs.Guard).
+	Guard bool
+	// AdoptClaims are leftover volume claims the user asked to adopt (kvcluster.io/adopt-volumes).
+	AdoptClaims []string
+	// Children are the objects the cluster owns; nil when they may not be written.
+	Children *Children
+	// Rollout is the one change to make to the running members; Action is ActWait when none.
+	Rollout Rollout
+	// Disarm are alarms the cluster inherited, to clear.
+	Disarm []members.Alarm
+	// Endpoints are the members' client URLs to ask.
+	Endpoints []string
+	// Backups are the backup Jobs to start and to prune.
+	Backups Backups
+	// Status is the whole status to write.
+	Status kvv1.KVClusterStatus
+	// Reason and Message explain the phase in Status.
+	Reason, Message string
+	// Events announce what changed in status, once, after it is written.
+	Events []Event
+	// RequeueAfter is when to look again if nothing else triggers a reconcile.
+	RequeueAfter time.Duration
+}
+
+// Children are what the objects the cluster owns are built from (see specs). The deletion
+// guard's UID, an owner of several of them, is known only once the guard exists.
+type Children struct {
+	Membership specs.Membership
+	// Set describes the StatefulSet; its Guard is filled in by whoever applies it.
+	Set specs.MemberSet
+	// DisruptionBase is the member count the PodDisruptionBudget protects.
+	DisruptionBase int32
+}
+
+// Event is one event to record on the KVCluster.
+type Event struct {
+	Type, Reason, Action, Message string
+}
+
+// Make plans one reconcile of a cluster that is not being deleted.
+func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan {
+	p := Plan{Guard: WantsFinalizer(kvc), Endpoints: obs.ClientURLs(kvc)}
+	if has := slices.Contains(kvc.Finalizers, kvv1.FinalizerFinalBackup); has != p.Guard {
+		p.Finalizer = &p.Guard
+	}
+	if kvc.Annotations[kvv1.AnnotationAdoptVolumes] == "true" && kvc.Spec.Restore == nil {
+		// Adopted claims are labelled with this cluster's UID, so they stay its own once the
+		// annotation is gone; they are no conflict now.
+		p.AdoptClaims, obs.LeftoverClaims = obs.LeftoverClaims, nil
+	}
+	if !obs.conflicted() {
+		membership, replicas := desiredMembership(kvc, obs)
+		p.Children = &Children{
+			Membership: membership,
+			Set: specs.MemberSet{
+				Images:           cfg.Images,
+				Replicas:         replicas,
+				Bootstrapping:    !bootstrapped(kvc, obs),
+				UnlabelledClaims: obs.STSClaimsUnlabelled,
+			},
+			DisruptionBase: disruptionBase(kvc, obs),
+		}
+	}
+
+	ro := planRollout(kvc, obs)
+	st, v := decide(kvc, obs, ro, now)
+	p.Reason, p.Message, p.RequeueAfter = v.reason, v.message, v.requeueAfter
+	if v.phase == kvv1.PhaseUpgrading { // only a rollout acts on the members
+		p.Rollout = ro
+	}
+	p.Disarm = staleAlarms(kvc, obs)
+	var events []Event
+	var untilBackup time.Duration
+	p.Backups, events, untilBackup = planBackups(kvc, obs, &st, now, cfg.Images.Operator)
+	if untilBackup > 0 && untilBackup < p.RequeueAfter {
+		p.RequeueAfter = untilBackup
+	}
+	p.Status = st
+	p.Events = append(phaseEvents(kvc, v), events...)
+	return p
+}
+
+// phaseEvents announce a phase change, and a problem that needs a person, once.
+func phaseEvents(kvc *kvv1.KVCluster, v verdict) []Event {
+	eventType := corev1.EventTypeNormal
+	if v.phase == kvv1.PhaseFailed || warningReasons[v.reason] {
+		eventType = corev1.EventTypeWarning
+	}
+	action := "Phase" + string(v.phase)
+	switch {
+	case v.phase != kvc.Status.Phase:
+		return []Event{{Type: eventType, Reason: v.reason, Action: action, Message: v.message}}
+	case warningReasons[v.reason] && v.reason != previousReason(kvc):
+		// A problem that needs a person can arise without a phase change: say so once.
+		return []Event{{Type: corev1.EventTypeWarning, Reason: v.reason, Action: action, Message: v.message}}
+	}
+	return nil
+}
+
+// previousReason is the reason of the verdict the last status recorded (the Ready condition
+// always carries it).
+func previousReason(kvc *kvv1.KVCluster) string {
+	if c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
+// staleAlarms are the alarms a cluster inherited: those of members it does not have and, while a
+// restored cluster forms, every alarm (restored under the same name, its members have the IDs of
+// the cluster the backup came from). A final backup is taken with writes fenced by a NOSPACE
+// alarm, which the snapshot carries: a restored cluster would refuse writes for ever. A real
+// NOSPACE alarm comes back by itself on the next write over the quota.
+func staleAlarms(kvc *kvv1.KVCluster, obs Observation) []members.Alarm {
+	if obs.Cluster == nil || !obs.Cluster.HasLeader {
+		return nil
+	}
+	if kvc.Spec.Restore != nil && (kvc.Status.Phase == "" || kvc.Status.Phase == kvv1.PhaseCreating) {
+		return obs.Cluster.Alarms
+	}
+	return obs.Cluster.StaleAlarms()
+}

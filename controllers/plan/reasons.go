@@ -1,0 +1,85 @@
+package plan
+
+import kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+
+// Every reason the operator gives, on a condition or on an event, is named here.
+
+// Reasons of the Ready, Reconciling and Stalled conditions (the verdict of a phase).
+const (
+	ReasonCreating           = "Creating"
+	ReasonClusterReady       = "ClusterReady"
+	ReasonMembersUnavailable = "MembersUnavailable"
+	ReasonProgressDeadline   = "ProgressDeadlineExceeded"
+	ReasonQuorumLost         = "QuorumLost"
+	ReasonSpecChanged        = "SpecChanged"
+	ReasonNotFailed          = "NotFailed"
+	ReasonIdle               = "Idle"
+
+	// While a running cluster is being changed.
+	ReasonUpgrading         = "Upgrading"
+	ReasonScaling           = "Scaling"
+	ReasonReplacingMember   = "ReplacingMember"
+	ReasonPreUpgradeBackup  = "PreUpgradeBackup"
+	ReasonRolloutStalled    = "RolloutStalled"
+	ReasonMembershipUnknown = "MembershipUnknown"
+	ReasonUnknownMember     = "UnknownMember"
+
+	// Objects the cluster needs but may not write.
+	ReasonObjectConflict  = "ObjectConflict"
+	ReasonLeftoverVolumes = "LeftoverVolumes"
+	ReasonApplyRejected   = "ApplyRejected"
+)
+
+// Reasons of the BackupSucceeded condition, also used for the events announcing a backup.
+const (
+	ReasonBackupCompleted   = "BackupCompleted"
+	ReasonBackupFailed      = "BackupFailed"
+	ReasonInvalidSchedule   = "InvalidSchedule"
+	ReasonFinalBackupFailed = "FinalBackupFailed"
+)
+
+// Reasons of events only.
+const (
+	EventBackupStarted          = "BackupStarted"
+	EventPreUpgradeBackup       = "PreUpgradeBackupStarted"
+	EventMemberRestarted        = "MemberRestarted"
+	EventLeaderMoved            = "LeaderMoved"
+	EventMemberAdded            = "MemberAdded"
+	EventMemberPromoted         = "MemberPromoted"
+	EventMemberRemoved          = "MemberRemoved"
+	EventMemberVolumeReset      = "MemberVolumeReset"
+	EventMembershipChangeFailed = "MembershipChangeFailed"
+	EventStaleAlarmDisarmed     = "StaleAlarmDisarmed"
+	EventVolumeAdopted          = "VolumeAdopted"
+
+	// The deletion steps.
+	EventDrainStarted            = "DrainStarted"
+	EventWritesFenced            = "WritesFenced"
+	EventWritesNotFenced         = "WritesNotFenced"
+	EventFinalBackupStarted      = "FinalBackupStarted"
+	EventFinalBackupCompleted    = "FinalBackupCompleted"
+	EventFinalBackupSkipped      = "FinalBackupSkipped"
+	EventDeregistrationStarted   = "DeregistrationStarted"
+	EventDeregistrationSucceeded = "DeregistrationSucceeded"
+	EventDeregistrationFailed    = "DeregistrationFailed"
+)
+
+// warningReasons are verdicts that need a person even when the phase stays the same.
+var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true}
+
+// blockingReasons are the verdicts of blockedVerdict: they end by themselves once the cause is gone.
+var blockingReasons = map[string]bool{ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true}
+
+// stepEvents are the reasons of the events a deletion step's Job gives as it starts and ends.
+var stepEvents = map[kvv1.DeletionStepName]map[kvv1.DeletionOutcome]string{
+	kvv1.StepFinalBackup: {kvv1.DeletionRunning: EventFinalBackupStarted, kvv1.DeletionSucceeded: EventFinalBackupCompleted,
+		kvv1.DeletionFailed: ReasonFinalBackupFailed, kvv1.DeletionSkipped: EventFinalBackupSkipped},
+	kvv1.StepDeregistration: {kvv1.DeletionRunning: EventDeregistrationStarted, kvv1.DeletionSucceeded: EventDeregistrationSucceeded,
+		kvv1.DeletionFailed: EventDeregistrationFailed},
+	kvv1.StepDrain: {kvv1.DeletionRunning: EventDrainStarted, kvv1.DeletionSucceeded: EventWritesFenced},
+}
+
+// StepEvent is the reason of the event saying a deletion step reached outcome.
+func StepEvent(step kvv1.DeletionStepName, outcome kvv1.DeletionOutcome) string {
+	return stepEvents[step][outcome]
+}
