@@ -6,17 +6,15 @@
 #                                etcd-3.7.3 coredns versitygw envtest all (default: all)
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
-# A binary is installed by an atomic rename only after it built, so an interrupted build is
-# simply redone next time.
+# Versions come from versions.env. A binary is installed by an atomic rename only after it built,
+# so an interrupted build is simply redone next time.
 set -euo pipefail
 
-KUBERNETES_VERSION=v1.37.2
-ETCD_VERSIONS=(3.6.16 3.7.3)
-COREDNS_VERSION=v1.15.0
-VERSITYGW_VERSION=v1.8.0
-KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+ETCD_VERSIONS=("$ETCD_PREVIOUS_VERSION" "$ETCD_VERSION") # the last one is the newest
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 cache=${KVC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvcluster-operator}
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
@@ -33,6 +31,14 @@ bindir() {
 }
 
 log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+# The tools modules pin the same versions as versions.env; building from a module that disagrees
+# would put binaries of one version in the cache folder of another.
+require_pin() { # go.mod module version
+  grep -qE "^[[:space:]]*(require[[:space:]]+)?$2 $3\$" "$here/tools/$1/go.mod" ||
+    die "e2e/localcluster/tools/$1/go.mod does not require $2 $3 as versions.env says"
+}
 
 # build_kube builds the given Kubernetes commands (those not cached yet) in one go invocation so
 # they share compilation of their common packages.
@@ -110,6 +116,8 @@ build() {
 }
 
 if [ "${1:-}" = --print-dir ]; then bindir "$2"; exit; fi
-command -v go >/dev/null || { echo "build.sh: Go is required (go1.26+ on PATH)" >&2; exit 1; }
+command -v go >/dev/null || die "Go is required (go1.26+ on PATH)"
+require_pin kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION"
+for v in "${ETCD_VERSIONS[@]}"; do require_pin "etcd-v$v" go.etcd.io/etcd/server/v3 "v$v"; done
 [ $# -eq 0 ] && set -- all
 for c in "$@"; do build "$c"; done
