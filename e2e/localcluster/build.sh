@@ -7,7 +7,7 @@
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
 # Versions come from versions.env. A binary is installed by an atomic rename only after it built,
-# so an interrupted build is simply redone next time.
+# so an interrupted build is simply redone next time; its temporary folder is removed on any exit.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +33,26 @@ bindir() {
 log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
 die() { echo "build.sh: $*" >&2; exit 1; }
 
+# Temporary build folders of this run: removed on every exit, so a failed or interrupted build
+# leaves nothing behind in the cache (a successful one has already moved its binaries out).
+tmps=()
+cleanup() {
+  local t
+  for t in "${tmps[@]}"; do
+    case $t in */.tmp.*) rm -rf -- "${t:?}" ;; esac # only what mktemp_in made
+  done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# mktemp_in DIR: a new temporary folder inside DIR (same file system, so the final mv is atomic),
+# registered for cleanup; the caller reads its name from $tmp.
+mktemp_in() {
+  tmp=$(mktemp -d "${1:?}/.tmp.XXXXXX")
+  tmps+=("$tmp")
+}
+
 # The tools modules pin the same versions as versions.env; building from a module that disagrees
 # would put binaries of one version in the cache folder of another.
 require_pin() { # go.mod module version
@@ -53,7 +73,7 @@ build_kube() {
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
   done
-  local tmp; tmp=$(mktemp -d "$out/.tmp.XXXXXX")
+  local tmp; mktemp_in "$out"
   local pkgs=(); for c in "${todo[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
   log "building ${todo[*]} $KUBERNETES_VERSION (cold: many minutes)"
   local start=$SECONDS
@@ -67,7 +87,7 @@ build_etcd() {
   local v=$1 out; out=$(bindir "etcd-$v")
   if [ -x "$out/etcd" ] && [ -x "$out/etcdctl" ] && [ -x "$out/etcdutl" ]; then return 0; fi
   mkdir -p "$out"
-  local tmp; tmp=$(mktemp -d "$out/.tmp.XXXXXX")
+  local tmp; mktemp_in "$out"
   log "building etcd v$v"
   local start=$SECONDS
   (cd "$here/tools/etcd-v$v" &&
@@ -83,7 +103,7 @@ build_install() {
   local name=$1 pkg=$2 out; out=$(bindir "$name")
   [ -x "$out/$(basename "${pkg%@*}")" ] && return 0
   mkdir -p "$out"
-  local tmp; tmp=$(mktemp -d "$out/.tmp.XXXXXX")
+  local tmp; mktemp_in "$out"
   log "building $pkg"
   local start=$SECONDS
   GOBIN=$tmp go install -ldflags "-s -w" "$pkg"
