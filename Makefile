@@ -1,5 +1,7 @@
 # kvcluster-operator — see README.md. Everything the tests need is built from source and cached
 # outside the repository (~/.cache/kvcluster-operator), so the first run takes long, later ones not.
+# Every pinned version (KUBERNETES_VERSION, ETCD_VERSION, KIND_VERSION, ...): plain NAME=value lines.
+include e2e/localcluster/versions.env
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -8,7 +10,6 @@ BUILD_TOOLS := e2e/localcluster/build.sh
 CLUSTER := e2e/localcluster/cluster.sh
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvcluster-operator
 IMAGE ?= ghcr.io/kvcluster/kvcluster-operator:dev
-KIND_VERSION := v0.33.0
 KIND_CLUSTER ?= kvcluster-e2e
 # The local cluster's kubeconfig; `make run` and `make e2e-local` use it unless KUBECONFIG is given.
 LOCAL_KUBECONFIG := $(or $(KVC_CLUSTER_DIR),/var/lib/kvcluster-local)/kubeconfig
@@ -97,12 +98,12 @@ test: verify-generated vet test-unit e2e-local ## the whole suite: generated cod
 test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3
 	$(BUILD_TOOLS) versitygw
 	KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
-	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-3.7.3)" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
+	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
 	  go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: bench
 bench: ## memory and speed of streaming backups into each store (B/op must not grow with the size)
-	$(BUILD_TOOLS) versitygw etcd-3.7.3
+	$(BUILD_TOOLS) versitygw etcd-$(ETCD_VERSION)
 	KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" go test -run '^$$' -bench StorePut -benchtime 3x ./backup/
 
 .PHONY: e2e-local
@@ -120,6 +121,6 @@ e2e-kubeconfig: ## e2e on an existing cluster: make e2e-kubeconfig KUBECONFIG=..
 e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, creates a kind cluster, loads it, runs the suite
 	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
 	docker build -t $(IMAGE) .
-	docker build -t kvcluster.io/versitygw:dev -f e2e/s3.Dockerfile e2e
+	docker build -t kvcluster.io/versitygw:dev --build-arg VERSITYGW_VERSION=$(VERSITYGW_VERSION) -f e2e/s3.Dockerfile e2e
 	docker build -t kvcluster.io/writer:dev -f e2e/writer.Dockerfile .
 	PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) go test -tags e2e $(E2E_FLAGS) ./e2e/

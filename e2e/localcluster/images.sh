@@ -6,11 +6,13 @@
 #   images.sh OUTDIR OPERATOR_IMAGE OPERATOR_BINARY
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
 out=$1 operator_image=$2 operator_bin=$3
 mkdir -p "$out"
 imgpack="$out/.imgpack"
 (cd "$here/../.." && CGO_ENABLED=0 go build -o "$imgpack" ./e2e/localcluster/imgpack)
-for v in 3.6.16 3.7.3; do
+for v in "$ETCD_PREVIOUS_VERSION" "$ETCD_VERSION"; do
   bin=$("$here/build.sh" --print-dir "etcd-$v")
   "$here/build.sh" "etcd-$v"
   tar="$out/etcd-v$v.tar"
