@@ -15,6 +15,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
 DIR=${KVC_CLUSTER_DIR:-/var/lib/kvcluster-local}
 RUN=/run/kvcluster-local
 NODE=kvc-node
@@ -29,11 +31,16 @@ POD_BRIDGE=kvcbr0
 CHAIN=KVC-ISOLATION
 CLUSTER_NETS=("$SERVICE_CIDR" "$POD_NET" "$NODE_NET")
 STORAGE_CLASS=kvc-local
-PAUSE_IMAGE=registry.k8s.io/pause:3.10
 CONTAINERD_SOCK=$RUN/containerd.sock
 
 log() { echo "[cluster $(date +%H:%M:%S)] $*" >&2; }
 die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+# `down` deletes $DIR and $RUN recursively: refuse anything but a dedicated absolute folder.
+case $DIR in
+  /*/*) ;;
+  *) die "KVC_CLUSTER_DIR must be an absolute path below /, such as /var/lib/kvcluster-local (got '$DIR')" ;;
+esac
 
 kube_bin() { echo "$("$here/build.sh" --print-dir kubernetes)/$1"; }
 kubectl() { "$(kube_bin kubectl)" --kubeconfig "$DIR/kubeconfig" "$@"; }
@@ -202,7 +209,7 @@ wait_for() { # description seconds command...
 api_ready() { curl -sf --cacert "$DIR/pki/ca.crt" --cert "$DIR/pki/admin.crt" --key "$DIR/pki/admin.key" "https://$NODE_IP:6443/readyz"; }
 
 control_plane_up() {
-  local etcd; etcd="$("$here/build.sh" --print-dir etcd-3.7.3)/etcd"
+  local etcd; etcd="$("$here/build.sh" --print-dir "etcd-$ETCD_VERSION")/etcd"
   start etcd "$etcd" --name=kvc-local --data-dir="$DIR/etcd" --unsafe-no-fsync \
     --listen-client-urls=http://127.0.0.1:23790 --advertise-client-urls=http://127.0.0.1:23790 \
     --listen-peer-urls=http://127.0.0.1:23800 --initial-advertise-peer-urls=http://127.0.0.1:23800 \
@@ -279,7 +286,7 @@ EOF
     (cd "$here/../.." && CGO_ENABLED=0 go build -o "$tmp/pause" ./e2e/localcluster/pause &&
       go run ./e2e/localcluster/imgpack -tag "$PAUSE_IMAGE" -out "$tmp/pause.tar" -file "$tmp/pause=/pause" -entrypoint /pause)
     import_image "$tmp/pause.tar"
-    rm -rf "$tmp"
+    rm -rf -- "${tmp:?}"
   fi
 }
 
@@ -411,8 +418,8 @@ down() {
     [ -d "$hier" ] && find "$hier" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
   network_down
-  rm -rf "$RUN"
-  rm -rf "$DIR" "$DIR.apt.log"
+  rm -rf -- "${RUN:?}"
+  rm -rf -- "${DIR:?}" "${DIR:?}.apt.log"
   log "down"
 }
 
