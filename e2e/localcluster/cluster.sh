@@ -34,7 +34,24 @@ STORAGE_CLASS=kvc-local
 CONTAINERD_SOCK=$RUN/containerd.sock
 
 log() { echo "[cluster $(date +%H:%M:%S)] $*" >&2; }
-die() { echo "cluster.sh: $*" >&2; exit 1; }
+die() { echo "cluster.sh ${action:-}: $*" >&2; reported=1; exit 1; }
+
+# No silent failure: a failing command reports itself (ERR, in the main shell only, so a failure
+# in a subshell is told once), and any other non-zero exit is reported on EXIT.
+action=${1:-} reported= tmp=
+set -E
+on_err() {
+  [ "$BASHPID" = "$$" ] || return 0
+  echo "cluster.sh $action: '$3' failed (exit $1) at line $2 in ${4:-main}" >&2
+  reported=1
+}
+on_exit() {
+  local rc=$?
+  [ -z "$tmp" ] || rm -rf -- "${tmp:?}"
+  [ "$rc" = 0 ] || [ -n "$reported" ] || echo "cluster.sh $action: failed (exit $rc)" >&2
+}
+trap 'on_err $? $LINENO "$BASH_COMMAND" "${FUNCNAME[0]:-}"' ERR
+trap on_exit EXIT
 
 # `down` deletes $DIR and $RUN recursively: refuse anything but a dedicated absolute folder.
 case $DIR in
@@ -282,11 +299,11 @@ EOF
   start containerd "$(command -v containerd)" --config "$DIR/containerd.toml"
   wait_for containerd 30 ctr -a "$CONTAINERD_SOCK" version
   if ! ctr -a "$CONTAINERD_SOCK" -n k8s.io images check "name==$PAUSE_IMAGE" 2>/dev/null | grep -q "$PAUSE_IMAGE"; then
-    local tmp; tmp=$(mktemp -d)
+    tmp=$(mktemp -d) # global: on_exit removes it if the build fails
     (cd "$here/../.." && CGO_ENABLED=0 go build -o "$tmp/pause" ./e2e/localcluster/pause &&
       go run ./e2e/localcluster/imgpack -tag "$PAUSE_IMAGE" -out "$tmp/pause.tar" -file "$tmp/pause=/pause" -entrypoint /pause)
     import_image "$tmp/pause.tar"
-    rm -rf -- "${tmp:?}"
+    rm -rf -- "${tmp:?}"; tmp=
   fi
 }
 
@@ -379,14 +396,34 @@ EOF
   wait_for "the default service account" 60 kubectl get serviceaccount default -n default
 }
 
+# The cluster's host processes, in start order.
+PROCS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy coredns provisioner)
+
+dead_procs() { local p; for p in "${PROCS[@]}"; do alive "$p" || echo "$p"; done; }
+
+# up starts what is not running and waits until it all works. Every step is idempotent: a process
+# still running is kept, a dead one is started again (with the same data, certificates and pods),
+# missing binaries, images and files are made. So `up` also repairs a cluster one of whose
+# processes died, without losing its workloads.
 up() {
   check_prereqs
-  if [ -f "$DIR/kubeconfig" ] && api_ready >/dev/null 2>&1 && node_ready 2>/dev/null &&
-    for p in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy coredns provisioner; do alive $p || exit 1; done; then
-    log "already up; kubeconfig: $DIR/kubeconfig"
-    return 0
+  local dead p
+  if [ -f "$DIR/kubeconfig" ]; then
+    dead=$(dead_procs | tr '\n' ' ')
+    if [ -z "$dead" ] && api_ready >/dev/null 2>&1 && node_ready 2>/dev/null; then
+      log "already up; kubeconfig: $DIR/kubeconfig"
+      return 0
+    fi
+    if [ -n "$dead" ]; then
+      log "not running: ${dead% }; starting them again (the rest of the cluster is kept)"
+      for p in $dead; do
+        [ -s "$DIR/logs/$p.log" ] || continue
+        log "last lines of $DIR/logs/$p.log:"; tail -n 3 "$DIR/logs/$p.log" | sed 's/^/    /' >&2
+      done
+    else
+      log "every process runs, but the API server or the node is not ready: checking each part"
+    fi
   fi
-  [ -d "$DIR" ] && { log "a previous cluster is partly up: taking it down first"; down; }
   local t=$SECONDS
   "$here/build.sh" envtest kubernetes coredns
   mkdir -p "$DIR"
@@ -396,6 +433,8 @@ up() {
   containerd_up
   kubelet_up
   addons_up
+  dead=$(dead_procs | tr '\n' ' ')
+  [ -z "$dead" ] || die "exited while the cluster came up: ${dead% }; logs in $DIR/logs/"
   log "up in $((SECONDS - t))s; kubeconfig: $DIR/kubeconfig"
 }
 
