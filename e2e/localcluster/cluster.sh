@@ -77,7 +77,51 @@ check_prereqs() {
         containerd runc containernetworking-plugins iptables conntrack socat ethtool iproute2 openssl curl kmod; } >"$DIR.apt.log" 2>&1 ||
       die "could not install packages (containerd runc containernetworking-plugins iptables conntrack socat iproute2 openssl curl); see $DIR.apt.log"
   fi
-  [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
+  [ -d "$CGROUP_ROOT" ] || die "no $CGROUP_ROOT"
+  if [ "$(cgroup_version)" = 2 ]; then
+    # cgroup v2 without systemd: the kubelet (cgroupfs driver) needs the controllers enabled for
+    # the root's children, which is systemd's job elsewhere.
+    local c
+    for c in $(cat "$CGROUP_ROOT/cgroup.controllers"); do
+      grep -qw "$c" "$CGROUP_ROOT/cgroup.subtree_control" ||
+        echo "+$c" >"$CGROUP_ROOT/cgroup.subtree_control" 2>/dev/null ||
+        log "warning: cannot enable the $c controller in $CGROUP_ROOT/cgroup.subtree_control"
+    done
+  fi
+}
+
+# --- cgroups -------------------------------------------------------------------------------------
+
+CGROUP_ROOT=${KVC_CGROUP_ROOT:-/sys/fs/cgroup} # another root only to test these functions
+
+# cgroup_version: 2 on a unified (cgroup v2) machine, 1 on a v1 or hybrid one.
+cgroup_version() { if [ "$(stat -fc %T "$CGROUP_ROOT")" = cgroup2fs ]; then echo 2; else echo 1; fi; }
+
+# kubepods_cgroups prints the kubelet's pod cgroup trees (cgroupfs driver): $CGROUP_ROOT/kubepods
+# on cgroup v2; $CGROUP_ROOT/<controller>/kubepods on v1, including unified/kubepods on a hybrid
+# machine. Both layouts are looked for, whatever the machine says it is.
+kubepods_cgroups() {
+  local d
+  for d in "$CGROUP_ROOT"/kubepods "$CGROUP_ROOT"/*/kubepods; do [ -d "$d" ] && echo "$d"; done
+  return 0
+}
+
+# pod_processes prints the PIDs of every process in the pod cgroups.
+pod_processes() {
+  local hier
+  for hier in $(kubepods_cgroups); do find "$hier" -name cgroup.procs -exec cat {} + 2>/dev/null || true; done
+}
+
+# remove_pod_cgroups kills what still runs in the pod cgroups, waits until they are empty (a
+# killed process leaves its cgroup a moment later), then removes them, deepest first.
+remove_pod_cgroups() {
+  pod_processes | xargs -r kill -9 2>/dev/null || true
+  local i
+  for i in $(seq 50); do [ -z "$(pod_processes)" ] && break; sleep 0.2; done
+  [ -z "$(pod_processes)" ] || log "warning: processes still in the pod cgroups after 10s: $(pod_processes | tr '\n' ' ')"
+  local hier
+  for hier in $(kubepods_cgroups); do find "$hier" -depth -type d -exec rmdir {} \; 2>/dev/null || true; done
+  [ -z "$(kubepods_cgroups)" ] || log "warning: pod cgroups left: $(kubepods_cgroups | tr '\n' ' ')"
 }
 
 # --- network isolation (first thing up, last thing down) -----------------------------------------
@@ -443,9 +487,7 @@ down() {
   [ -d "$DIR" ] || [ -d "$RUN" ] || { network_down; return 0; }
   for p in provisioner coredns kube-proxy kubelet; do stop $p; done
   # Kill every container process: the pod cgroups list them, the shims are ours by their socket.
-  for hier in /sys/fs/cgroup/*/kubepods; do
-    [ -d "$hier" ] && find "$hier" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-  done
+  pod_processes | xargs -r kill -9 2>/dev/null || true
   pgrep -f "containerd-shim.*-address $CONTAINERD_SOCK" | xargs -r kill -9 2>/dev/null || true
   stop containerd
   for p in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop $p; done
@@ -453,9 +495,7 @@ down() {
   # Unmount what the kubelet and containerd mounted (deepest first).
   awk -v d="$DIR" -v r="$RUN" '$2 ~ "^"d"/" || $2 ~ "^"r"/" || $2 == r {print $2}' /proc/mounts | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null || true; done
-  for hier in /sys/fs/cgroup/*/kubepods; do
-    [ -d "$hier" ] && find "$hier" -depth -type d -exec rmdir {} \; 2>/dev/null || true
-  done
+  remove_pod_cgroups
   network_down
   rm -rf -- "${RUN:?}"
   rm -rf -- "${DIR:?}" "${DIR:?}.apt.log"
@@ -467,5 +507,8 @@ case "${1:-}" in
   down) down ;;
   status) api_ready >/dev/null && node_ready ;;
   import) shift; for f in "$@"; do import_image "$f"; done ;;
+  # Internal: the pod cgroup handling alone, for testing it on a fake or a cgroup v2 root.
+  cgroups) echo "cgroup v$(cgroup_version) at $CGROUP_ROOT"; kubepods_cgroups ;;
+  remove-pod-cgroups) remove_pod_cgroups ;;
   *) echo "usage: $0 up|down|status|import TARBALL..." >&2; exit 2 ;;
 esac
