@@ -267,6 +267,22 @@ wait_for() { # description seconds command...
   die "$what did not come up within ${secs}s; logs in $DIR/logs/"
 }
 
+# wait_proc NAME SECONDS COMMAND...: waits until COMMAND succeeds, failing at once, with the end
+# of its log, when the process NAME exits meanwhile.
+wait_proc() {
+  local name=$1 secs=$2; shift 2
+  for _ in $(seq $((secs * 2))); do
+    "$@" >/dev/null 2>&1 && return 0
+    alive "$name" || die "$name exited; the end of $DIR/logs/$name.log:
+$(tail -n 5 "$DIR/logs/$name.log" 2>/dev/null)"
+    sleep 0.5
+  done
+  die "$name not ready within ${secs}s (waited for: $*); the end of $DIR/logs/$name.log:
+$(tail -n 5 "$DIR/logs/$name.log" 2>/dev/null)"
+}
+
+healthz() { curl -sfk -o /dev/null "$1"; } # -f: any HTTP error status fails
+
 api_ready() { curl -sf --cacert "$DIR/pki/ca.crt" --cert "$DIR/pki/admin.crt" --key "$DIR/pki/admin.key" "https://$NODE_IP:6443/readyz"; }
 
 control_plane_up() {
@@ -275,7 +291,7 @@ control_plane_up() {
     --listen-client-urls=http://127.0.0.1:23790 --advertise-client-urls=http://127.0.0.1:23790 \
     --listen-peer-urls=http://127.0.0.1:23800 --initial-advertise-peer-urls=http://127.0.0.1:23800 \
     --initial-cluster=kvc-local=http://127.0.0.1:23800 --listen-metrics-urls=http://127.0.0.1:23810
-  wait_for etcd 30 curl -sf http://127.0.0.1:23790/health
+  wait_proc etcd 30 curl -sf http://127.0.0.1:23790/health
 
   start kube-apiserver "$(kube_bin kube-apiserver)" \
     --etcd-servers=http://127.0.0.1:23790 --bind-address="$NODE_IP" --advertise-address="$NODE_IP" --secure-port=6443 \
@@ -290,7 +306,7 @@ control_plane_up() {
     --proxy-client-cert-file="$DIR/pki/front-proxy-client.crt" --proxy-client-key-file="$DIR/pki/front-proxy-client.key" \
     --enable-admission-plugins=NodeRestriction --profiling=false \
     --kubelet-preferred-address-types=InternalIP
-  wait_for kube-apiserver 90 api_ready
+  wait_proc kube-apiserver 90 api_ready
 
   start kube-controller-manager "$(kube_bin kube-controller-manager)" \
     --kubeconfig="$DIR/controller-manager.kubeconfig" --authentication-kubeconfig="$DIR/controller-manager.kubeconfig" \
@@ -302,6 +318,8 @@ control_plane_up() {
   start kube-scheduler "$(kube_bin kube-scheduler)" --kubeconfig="$DIR/scheduler.kubeconfig" \
     --authentication-kubeconfig="$DIR/scheduler.kubeconfig" --authorization-kubeconfig="$DIR/scheduler.kubeconfig" \
     --bind-address=127.0.0.1 --leader-elect=false
+  wait_proc kube-controller-manager 60 healthz https://127.0.0.1:10257/healthz
+  wait_proc kube-scheduler 60 healthz https://127.0.0.1:10259/healthz
 }
 
 containerd_up() {
@@ -341,7 +359,7 @@ state = "$RUN/containerd"
       SystemdCgroup = false
 EOF
   start containerd "$(command -v containerd)" --config "$DIR/containerd.toml"
-  wait_for containerd 30 ctr -a "$CONTAINERD_SOCK" version
+  wait_proc containerd 30 ctr -a "$CONTAINERD_SOCK" version
   if ! ctr -a "$CONTAINERD_SOCK" -n k8s.io images check "name==$PAUSE_IMAGE" 2>/dev/null | grep -q "$PAUSE_IMAGE"; then
     tmp=$(mktemp -d) # global: on_exit removes it if the build fails
     (cd "$here/../.." && CGO_ENABLED=0 go build -o "$tmp/pause" ./e2e/localcluster/pause &&
@@ -382,12 +400,20 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 EOF
+  # A restarted kubelet must report the node again: its Ready condition from before does not count.
+  local since=; alive kubelet || since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   start kubelet "$(kube_bin kubelet)" --config="$DIR/kubelet.yaml" --kubeconfig="$DIR/kubelet.kubeconfig" \
     --root-dir="$DIR/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP" --cert-dir="$DIR/kubelet/pki"
-  wait_for "the node" 120 node_ready
+  wait_proc kubelet 120 node_ready "$since"
 }
 
-node_ready() { kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
+provisioner_ready() { [ "$(grep -c '"Starting workers"' "$DIR/logs/provisioner.log")" -ge 2 ]; }
+
+# node_ready [SINCE]: the node is Ready, as reported by the kubelet at or after SINCE (RFC 3339, UTC).
+node_ready() {
+  local r; r=$(kubectl get node "$NODE" -o jsonpath='{range .status.conditions[?(@.type=="Ready")]}{.status} {.lastHeartbeatTime}{end}')
+  [ "${r%% *}" = True ] && [[ ! "${r#* }" < "${1:-}" ]]
+}
 
 addons_up() {
   cat >"$DIR/kube-proxy.yaml" <<EOF
@@ -404,6 +430,7 @@ nodePortAddresses: ["$NODE_IP/32"]
 conntrack: {maxPerCore: 0}
 EOF
   start kube-proxy "$(kube_bin kube-proxy)" --config="$DIR/kube-proxy.yaml"
+  wait_proc kube-proxy 60 healthz http://127.0.0.1:10256/healthz
 
   cat >"$DIR/Corefile" <<EOF
 .:53 {
@@ -415,6 +442,7 @@ EOF
         fallthrough in-addr.arpa ip6.arpa
     }
     cache 10
+    ready 127.0.0.1:18181
 }
 EOF
   start coredns "$("$here/build.sh" --print-dir coredns)/coredns" -conf "$DIR/Corefile"
@@ -424,9 +452,10 @@ EOF
   mkdir -p "$DIR/bin"
   [ -x "$prov" ] || (cd "$here/../.." && CGO_ENABLED=0 go build -o "$prov" ./e2e/localcluster/provisioner)
   start provisioner "$prov" --kubeconfig="$DIR/kubeconfig" --root="$DIR/volumes" --node="$NODE" --storage-class="$STORAGE_CLASS"
-  sleep 2
-  alive provisioner || die "the volume provisioner exited: $(tail -3 "$DIR/logs/provisioner.log")"
-  alive coredns || die "CoreDNS exited: $(tail -3 "$DIR/logs/coredns.log")"
+  # CoreDNS is ready once its kubernetes plugin has synced with the API server; the provisioner
+  # once both its controllers have synced their caches and started their workers.
+  wait_proc coredns 60 curl -sf http://127.0.0.1:18181/ready
+  wait_proc provisioner 60 provisioner_ready
   kubectl apply -f - >/dev/null <<EOF
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
