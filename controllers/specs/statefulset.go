@@ -29,13 +29,6 @@ func QuotaBackendBytes(size resource.Quantity) int64 {
 	return min(size.Value()*6/10, maxQuotaBytes)
 }
 
-// StatefulSet runs one etcd member per pod.
-//
-// updateStrategy is OnDelete so that the operator, not the StatefulSet controller, chooses which
-// member restarts when: a rolling update that ignores etcd's health can lose quorum.
-// podManagementPolicy is Parallel because a new cluster's members must all start to form a quorum.
-// Volumes of scaled-away members are deleted (a removed member's data would make a re-added
-// member crash on stale membership); volumes are retained when the whole cluster is deleted.
 // Images are the images members run: etcd from EtcdRepository (unless the cluster names its own),
 // and the operator's own image for the restore program.
 type Images struct {
@@ -60,7 +53,13 @@ type MemberSet struct {
 	UnlabelledClaims bool
 }
 
-// StatefulSet runs the members.
+// StatefulSet runs the members, one etcd member per pod.
+//
+// updateStrategy is OnDelete so that the operator, not the StatefulSet controller, chooses which
+// member restarts when: a rolling update that ignores etcd's health can lose quorum.
+// podManagementPolicy is Parallel because a new cluster's members must all start to form a quorum.
+// Volumes of scaled-away members are deleted (a removed member's data would make a re-added
+// member crash on stale membership); volumes are retained when the whole cluster is deleted.
 func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyConfiguration {
 	img := set.Images
 	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
