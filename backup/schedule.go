@@ -1,5 +1,3 @@
-// Package backup holds the backup schedule arithmetic. Its functions are pure — they take `now`
-// as an argument — so the reconciler stays a thin loop around them and tests are tables of times.
 package backup
 
 import (
