@@ -1,5 +1,9 @@
-// Command kvcluster-operator runs the KVCluster controller manager; its subcommands (backup,
-// restore-fetch, restore-apply) are the programs of backup Jobs and restoring members.
+// Command kvcluster-operator runs the KVCluster controller manager. Its subcommands are the
+// programs the operator's image runs in the pods it creates (see subcommands.go):
+//
+//   - backup: a backup Job's program (scheduled, pre-upgrade and final backups);
+//   - restore-fetch and restore-apply: a restoring member's two init containers;
+//   - http-call: the deregistration Job's program when the deregistration is an HTTP request.
 package main
 
 import (
