@@ -613,7 +613,8 @@ type KVClusterStatus struct {
 	// +listMapKey=name
 	Deletion []DeletionStep `json:"deletion,omitempty"`
 
-	// Conditions: Ready, Reconciling and Stalled.
+	// Conditions: Ready, Reconciling and Stalled (kstatus), and BackupSucceeded once a backup
+	// finished, the backup schedule is invalid, or a blocking final backup failed on deletion.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

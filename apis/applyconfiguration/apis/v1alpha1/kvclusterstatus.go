@@ -38,7 +38,8 @@ type KVClusterStatusApplyConfiguration struct {
 	Members []MemberStatusApplyConfiguration `json:"members,omitempty"`
 	// Deletion is where each deletion step stands, once the KVCluster is being deleted.
 	Deletion []DeletionStepApplyConfiguration `json:"deletion,omitempty"`
-	// Conditions: Ready, Reconciling and Stalled.
+	// Conditions: Ready, Reconciling and Stalled (kstatus), and BackupSucceeded once a backup
+	// finished, the backup schedule is invalid, or a blocking final backup failed on deletion.
 	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
 
