@@ -16,8 +16,9 @@ import (
 	"github.com/kvcluster/kvcluster-operator/backup"
 )
 
-// BackupKindLabel tells scheduled backup Jobs from the final one.
 const (
+	// BackupKindLabel on a backup Job says which backup it is: BackupScheduled, BackupFinal or
+	// BackupPreUpgrade.
 	BackupKindLabel  = "kvcluster.io/backup"
 	BackupScheduled  = "scheduled"
 	BackupFinal      = "final"
@@ -128,8 +129,8 @@ func accessTo(s3 *kvv1.S3Destination, pvc *kvv1.PVCDestination, readOnly bool) s
 }
 
 // BackupJob runs one backup: the operator's own image, `backup` subcommand, streaming a snapshot
-// to the bucket. Scheduled, pre-upgrade and final backups are built here alike; only the name, the
-// object, the kind label and the deadline differ. It never retries (a retry would find its own
+// to the bucket or the claim. Scheduled, pre-upgrade and final backups are built here alike; only
+// the name, the object, the kind label, the deadline and (for scheduled ones) pruning differ. It never retries (a retry would find its own
 // object and be refused); the next slot is the retry. Credentials reach the pod only from the
 // referenced Secret.
 func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobApplyConfiguration {
