@@ -2,6 +2,8 @@ package members
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
 )
 
@@ -119,5 +122,53 @@ func TestAnswersFromMembersAreBounded(t *testing.T) {
 	_, err := EtcdClient{Timeout: 5 * time.Second}.Cluster(context.Background(), []string{h.url}, func(Member) (string, bool) { return h.url, true })
 	if err == nil || !strings.Contains(err.Error(), "larger than max") {
 		t.Errorf("an 8 MiB member list was accepted (error %v); want it refused as too large", err)
+	}
+}
+
+// TestClassify: etcd's transient refusals of a membership change become the sentinel errors the
+// controller waits on (keeping etcd's own words), whether they arrive as the client's error, as
+// the raw gRPC status or wrapped; every other error, and no error, is returned as it is.
+func TestClassify(t *testing.T) {
+	sentinels := []error{ErrNoQuorum, ErrLearnerNotReady, ErrNotNow}
+	tests := []struct {
+		name string
+		err  error
+		// want is the sentinel the result must match; nil: err is returned unchanged.
+		want error
+	}{
+		{name: "no error", err: nil, want: nil},
+		{name: "learner behind, as the client returns it", err: rpctypes.ErrMemberLearnerNotReady, want: ErrLearnerNotReady},
+		{name: "learner behind, as a gRPC status", err: rpctypes.ErrGRPCLearnerNotReady, want: ErrLearnerNotReady},
+		{name: "learner behind, wrapped", err: fmt.Errorf("promote member 7: %w", rpctypes.ErrMemberLearnerNotReady), want: ErrLearnerNotReady},
+		{name: "member restarted moments ago, as the client returns it", err: rpctypes.ErrUnhealthy, want: ErrNotNow},
+		{name: "member restarted moments ago, as a gRPC status", err: rpctypes.ErrGRPCUnhealthy, want: ErrNotNow},
+		{name: "member restarted moments ago, wrapped", err: fmt.Errorf("remove member 7: %w", rpctypes.ErrUnhealthy), want: ErrNotNow},
+		{name: "other refusal: too many learners", err: rpctypes.ErrTooManyLearners, want: nil},
+		{name: "other refusal: not a learner", err: rpctypes.ErrMemberNotLearner, want: nil},
+		{name: "other refusal: member not found", err: rpctypes.ErrMemberNotFound, want: nil},
+		{name: "out of time", err: fmt.Errorf("add learner: %w", context.DeadlineExceeded), want: nil},
+		{name: "unreachable", err: errors.New("connect to etcd at http://kv-0.kv-peer.prod.svc:2379: connection refused"), want: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := classify(tt.err)
+			if tt.want == nil {
+				if got != tt.err {
+					t.Fatalf("classify(%v) = %v, want it unchanged", tt.err, got)
+				}
+			} else {
+				if !errors.Is(got, tt.want) {
+					t.Errorf("classify(%v) = %v, want %v", tt.err, got, tt.want)
+				}
+				if !strings.Contains(got.Error(), tt.err.Error()) {
+					t.Errorf("classify(%v) = %q, which lost etcd's own words", tt.err, got)
+				}
+			}
+			for _, s := range sentinels {
+				if s != tt.want && errors.Is(got, s) {
+					t.Errorf("classify(%v) = %v, which also matches %v", tt.err, got, s)
+				}
+			}
+		})
 	}
 }
