@@ -2,6 +2,7 @@ package specs
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -141,7 +144,7 @@ func TestTheGuardOwnsWhatTheDeletionStepsNeed(t *testing.T) {
 	for what, refs := range guarded {
 		if len(refs) != 2 || *refs[0].UID != "uid-1" || !*refs[0].Controller || *refs[1].UID != "guard-1" || *refs[1].Name != "kv-guard" ||
 			refs[1].Controller != nil || refs[1].BlockOwnerDeletion != nil {
-			t.Errorf("%s owners = %s, want the KVCluster (controller) and the guard", what, ownersOf(refs))
+			t.Errorf("%s owners = %q, want the KVCluster (controller) and the guard", what, ownerFacts(refs))
 		}
 	}
 	for what, refs := range map[string][]metav1ac.OwnerReferenceApplyConfiguration{
@@ -150,7 +153,7 @@ func TestTheGuardOwnsWhatTheDeletionStepsNeed(t *testing.T) {
 		"no guard":       StatefulSet(kvc, MemberSet{Replicas: 3}).OwnerReferences,
 	} {
 		if len(refs) != 1 || *refs[0].UID != "uid-1" {
-			t.Errorf("%s owners = %s, want only the KVCluster", what, ownersOf(refs))
+			t.Errorf("%s owners = %q, want only the KVCluster", what, ownerFacts(refs))
 		}
 	}
 	if g := Guard(kvc); len(g.OwnerReferences) != 0 || g.Labels[ClusterUIDLabel] != "uid-1" || g.Labels[ManagedByLabel] != ManagedByValue {
@@ -158,12 +161,83 @@ func TestTheGuardOwnsWhatTheDeletionStepsNeed(t *testing.T) {
 	}
 }
 
-func ownersOf(refs []metav1ac.OwnerReferenceApplyConfiguration) string {
+// jobFacts is what a user observes of a Job with one container (kubectl get job -o yaml), in
+// plain values, so a test states the whole of it and a difference names the field.
+type jobFacts struct {
+	Name, Namespace    string
+	Labels, PodLabels  map[string]string
+	Annotations        map[string]string
+	Owners             []string
+	Deadline, Backoff  int64
+	RestartPolicy      corev1.RestartPolicy
+	AutomountToken     bool
+	Image              string
+	Command, Args, Env []string
+	Volumes, Mounts    []string
+	TerminationMessage corev1.TerminationMessagePolicy
+}
+
+func factsOf(t *testing.T, job *batchv1ac.JobApplyConfiguration) jobFacts {
+	t.Helper()
+	pod := job.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("Job %s has %d containers, want 1", *job.Name, len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	f := jobFacts{
+		Name: *job.Name, Namespace: *job.Namespace,
+		Labels: job.Labels, PodLabels: job.Spec.Template.Labels,
+		Owners:   ownerFacts(job.OwnerReferences),
+		Deadline: *job.Spec.ActiveDeadlineSeconds, Backoff: int64(*job.Spec.BackoffLimit),
+		RestartPolicy: *pod.RestartPolicy, AutomountToken: *pod.AutomountServiceAccountToken,
+		Image: *c.Image, Command: c.Command, Args: c.Args,
+		TerminationMessage: *c.TerminationMessagePolicy,
+	}
+	if len(job.Annotations) > 0 {
+		f.Annotations = job.Annotations
+	}
+	for _, e := range c.Env {
+		f.Env = append(f.Env, envFact(e))
+	}
+	for _, v := range pod.Volumes {
+		f.Volumes = append(f.Volumes, fmt.Sprintf("%s: claim %s readOnly=%t", *v.Name, *v.PersistentVolumeClaim.ClaimName, *v.PersistentVolumeClaim.ReadOnly))
+	}
+	for _, m := range c.VolumeMounts {
+		f.Mounts = append(f.Mounts, fmt.Sprintf("%s at %s readOnly=%t", *m.Name, *m.MountPath, m.ReadOnly != nil && *m.ReadOnly))
+	}
+	return f
+}
+
+// ownerFacts spells owner references as "apiVersion Kind/name uid=… controller=… blockOwnerDeletion=…".
+func ownerFacts(refs []metav1ac.OwnerReferenceApplyConfiguration) []string {
 	var out []string
 	for _, r := range refs {
-		out = append(out, *r.Kind+"/"+*r.Name)
+		out = append(out, fmt.Sprintf("%s %s/%s uid=%s controller=%t blockOwnerDeletion=%t",
+			*r.APIVersion, *r.Kind, *r.Name, *r.UID, r.Controller != nil && *r.Controller, r.BlockOwnerDeletion != nil && *r.BlockOwnerDeletion))
 	}
-	return strings.Join(out, ", ")
+	return out
+}
+
+// envFact spells an environment variable as NAME=value, or where its value comes from.
+func envFact(e corev1ac.EnvVarApplyConfiguration) string {
+	switch {
+	case e.Value != nil:
+		return *e.Name + "=" + *e.Value
+	case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
+		return fmt.Sprintf("%s from Secret %s key %s", *e.Name, *e.ValueFrom.SecretKeyRef.Name, *e.ValueFrom.SecretKeyRef.Key)
+	}
+	return *e.Name + " from elsewhere"
+}
+
+// compareFacts reports each field of got that differs from want.
+func compareFacts(t *testing.T, got, want jobFacts) {
+	t.Helper()
+	g, w := reflect.ValueOf(got), reflect.ValueOf(want)
+	for i := range g.NumField() {
+		if gf, wf := g.Field(i).Interface(), w.Field(i).Interface(); !reflect.DeepEqual(gf, wf) {
+			t.Errorf("%s:\n got %#v\nwant %#v", g.Type().Field(i).Name, gf, wf)
+		}
+	}
 }
 
 func TestStatefulSet(t *testing.T) {
