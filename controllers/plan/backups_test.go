@@ -1,0 +1,156 @@
+package plan
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// backedUp is a Ready cluster, created at t0-1h, backed up on schedule to a bucket.
+func backedUp(schedule string) *kvv1.KVCluster {
+	kvc := kvcIn(kvv1.PhaseReady, time.Hour)
+	kvc.Status.CurrentVersion = "3.7.3"
+	kvc.Spec.BackupSchedule = schedule
+	kvc.Spec.Backup = &kvv1.BackupSpec{JobHistoryLimit: 2, S3: &kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", CredentialsSecret: "s"}}
+	return kvc
+}
+
+// backupJobAt is a scheduled backup Job finished (condition "" while it runs) at at.
+func backupJobAt(name string, condition batchv1.JobConditionType, at time.Time) Job {
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{specs.BackupKindLabel: specs.BackupScheduled}}}
+	if condition != "" {
+		job.Status.Conditions = []batchv1.JobCondition{{Type: condition, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(at)}}
+	}
+	return NewJob(job, "")
+}
+
+func TestPlanBackups(t *testing.T) {
+	created := t0.Add(-time.Hour) // every minute's slot since then is due, the last at t0
+	lastRan := func(kvc *kvv1.KVCluster, at time.Time) *kvv1.KVCluster {
+		s := metav1.NewTime(at)
+		kvc.Status.LastScheduledTime = &s
+		return kvc
+	}
+	creating := backedUp("* * * * *")
+	creating.Status.Phase, creating.Status.CurrentVersion = kvv1.PhaseCreating, ""
+	suspended := backedUp("* * * * *")
+	suspended.Spec.Backup.Suspend = true
+	tests := []struct {
+		name        string
+		kvc         *kvv1.KVCluster
+		obs         Observation
+		now         time.Time
+		wantJob     string // the Job started, or ""
+		wantSkipped string // words of the BackupStarted event
+		wantNext    time.Time
+		wantRequeue time.Duration
+	}{
+		{name: "the slot due now starts its Job", kvc: lastRan(backedUp("* * * * *"), t0.Add(-time.Minute)), now: t0.Add(5 * time.Second),
+			wantJob: backup.JobName("kv", t0), wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+		{name: "after an outage only the most recent slot runs; the ten before it are reported missed",
+			kvc: lastRan(backedUp("* * * * *"), t0.Add(-11*time.Minute)), now: t0.Add(5 * time.Second),
+			wantJob: backup.JobName("kv", t0), wantSkipped: "(10 earlier slots were missed", wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+		{name: "counted from creation when no slot ran yet", kvc: backedUp("@hourly"), now: created.Add(time.Hour + time.Second),
+			wantJob: backup.JobName("kv", created.Add(time.Hour)), wantNext: created.Add(2 * time.Hour), wantRequeue: time.Hour - time.Second},
+		{name: "a slot already started never starts again", kvc: lastRan(backedUp("* * * * *"), t0), now: t0.Add(5 * time.Second),
+			wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+		{name: "none while another backup runs", kvc: lastRan(backedUp("* * * * *"), t0.Add(-time.Minute)), now: t0.Add(5 * time.Second),
+			obs:      Observation{Jobs: []Job{backupJobAt("kv-1", "", time.Time{})}},
+			wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+		{name: "none while the cluster is created", kvc: creating, now: t0.Add(5 * time.Second), wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+		{name: "none while suspended", kvc: suspended, now: t0.Add(5 * time.Second), wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+		{name: "never of someone else's members", kvc: lastRan(backedUp("* * * * *"), t0.Add(-time.Minute)), now: t0.Add(5 * time.Second),
+			obs: Observation{STSForeign: true}, wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := *tt.kvc.Status.DeepCopy()
+			got, events, requeue := planBackups(tt.kvc, tt.obs, &st, tt.now, "operator:dev")
+			name := ""
+			if got.Start != nil {
+				name = *got.Start.Name
+			}
+			if name != tt.wantJob {
+				t.Fatalf("Job started = %q, want %q", name, tt.wantJob)
+			}
+			if name != "" && (st.LastScheduledTime == nil || !strings.Contains(got.Started.Message, name) || !strings.Contains(got.Started.Message, tt.wantSkipped)) {
+				t.Errorf("lastScheduledTime %v, event %q; want the slot recorded and announced with %q", st.LastScheduledTime, got.Started.Message, tt.wantSkipped)
+			}
+			if name == "" && !equality.Semantic.DeepEqual(st.LastScheduledTime, tt.kvc.Status.LastScheduledTime) {
+				t.Errorf("lastScheduledTime moved to %v without a Job", st.LastScheduledTime)
+			}
+			if st.NextBackupTime == nil || !st.NextBackupTime.Time.Equal(tt.wantNext) || requeue != tt.wantRequeue {
+				t.Errorf("nextBackupTime %v, requeue %v; want %v, %v", st.NextBackupTime, requeue, tt.wantNext, tt.wantRequeue)
+			}
+			if len(events) != 0 {
+				t.Errorf("events %v, want none", events)
+			}
+		})
+	}
+}
+
+func TestAnInvalidScheduleIsAConditionAndOneEvent(t *testing.T) {
+	kvc := backedUp("59 23 31 2 *") // passes admission, never fires
+	st := *kvc.Status.DeepCopy()
+	got, events, requeue := planBackups(kvc, Observation{}, &st, t0, "operator:dev")
+	cond := meta.FindStatusCondition(st.Conditions, kvv1.ConditionBackupSucceeded)
+	if got.Start != nil || requeue != 0 || st.NextBackupTime != nil || cond == nil || cond.Reason != ReasonInvalidSchedule || !strings.Contains(cond.Message, "never fires") {
+		t.Fatalf("start %v, requeue %v, next %v, condition %+v; want no backup and the InvalidSchedule condition", got.Start, requeue, st.NextBackupTime, cond)
+	}
+	if len(events) != 1 || events[0].Reason != ReasonInvalidSchedule || events[0].Type != corev1.EventTypeWarning {
+		t.Errorf("events = %+v, want one InvalidSchedule warning", events)
+	}
+	kvc.Status = st
+	if _, events, _ := planBackups(kvc, Observation{}, &st, t0.Add(time.Minute), "operator:dev"); len(events) != 0 {
+		t.Errorf("the warning repeats on the next reconcile: %+v", events)
+	}
+}
+
+func TestFinishedBackupsAreRecordedAndPruned(t *testing.T) {
+	kvc := backedUp("* * * * *")
+	report := `{"location":"s3://b/ns/kv/uid-kv/kv-3.db","size":42,"sha256":"ab","revision":7,"etcdVersion":"3.7.3"}`
+	ok := func(name string, at time.Time) Job { return backupJobAt(name, batchv1.JobComplete, at) }
+	failed := func(name string, at time.Time) Job { return backupJobAt(name, batchv1.JobFailed, at) }
+	newest := ok("kv-5", t0)
+	newest.Report = report
+	jobs := []Job{ok("kv-1", t0.Add(-5*time.Minute)), failed("kv-2", t0.Add(-4*time.Minute)), ok("kv-3", t0.Add(-3*time.Minute)),
+		failed("kv-4", t0.Add(-2*time.Minute)), newest, backupJobAt("kv-6", "", time.Time{})}
+
+	st := *kvc.Status.DeepCopy()
+	rec, isNew := RecordFinishedBackups(&st, kvc, jobs)
+	if !isNew || rec.Job != "kv-5" || rec.Location != "s3://b/ns/kv/uid-kv/kv-3.db" || rec.Revision != 7 || !st.LastBackupTime.Time.Equal(t0) {
+		t.Errorf("recorded %+v at %v, want kv-5's report at %v", rec, st.LastBackupTime, t0)
+	}
+	kvc.Status = st
+	if _, isNew := RecordFinishedBackups(&st, kvc, jobs); isNew {
+		t.Error("the same backup is announced twice")
+	}
+
+	var pruned []string
+	for _, j := range jobsToPrune(kvc, jobs) {
+		pruned = append(pruned, j.Name)
+	}
+	// Two successes (jobHistoryLimit) and one failure are kept; a running Job never goes.
+	if slices.Sort(pruned); strings.Join(pruned, ",") != "kv-1,kv-2" {
+		t.Errorf("pruned %v, want kv-1 (a third success) and kv-2 (a second failure)", pruned)
+	}
+
+	failedLast := append(jobs[:4:4], failed("kv-7", t0.Add(time.Minute)))
+	st = *kvc.Status.DeepCopy()
+	rec, _ = RecordFinishedBackups(&st, kvc, failedLast)
+	cond := meta.FindStatusCondition(st.Conditions, kvv1.ConditionBackupSucceeded)
+	if rec.Succeeded || !st.LastBackupTime.Time.Equal(t0) || cond.Status != metav1.ConditionFalse || cond.Reason != ReasonBackupFailed {
+		t.Errorf("after a failure: record %+v, lastBackupTime %v, condition %+v; want the failure recorded, lastBackupTime kept", rec, st.LastBackupTime, cond)
+	}
+}
