@@ -97,7 +97,7 @@ test: verify-generated vet test-unit e2e-local ## the whole suite: generated cod
 .PHONY: test-unit
 test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3
 	$(BUILD_TOOLS) versitygw
-	KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
+	KVC_REQUIRE_TEST_BINARIES=1 KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
 	  go test $(GO_TEST_FLAGS) ./...
 

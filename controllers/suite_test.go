@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup/backuptest"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -85,8 +86,13 @@ func asOperator(admin *rest.Config) (*rest.Config, error) {
 
 func TestMain(m *testing.M) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		fmt.Fprintln(os.Stderr, "KUBEBUILDER_ASSETS is not set: run the tests with 'make test' (it builds kube-apiserver and etcd)")
-		os.Exit(1)
+		// Every test here needs the API server; the pure decisions are tested in plan and specs.
+		if os.Getenv(backuptest.RequiredEnv) != "" {
+			fmt.Fprintln(os.Stderr, "KUBEBUILDER_ASSETS is not set: run the tests with 'make test' (it builds kube-apiserver and etcd)")
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "skipping the envtest suite: KUBEBUILDER_ASSETS is not set ('make test' builds kube-apiserver and etcd and runs it)")
+		os.Exit(0)
 	}
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		panic(err)
