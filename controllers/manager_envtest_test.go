@@ -2,12 +2,17 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -17,6 +22,8 @@ import (
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -106,5 +113,68 @@ func TestOneHangingClusterDoesNotHoldUpTheOthers(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("while one cluster's reconcile hangs on its members, another cluster got no status")
 		}
+	}
+}
+
+// eventually polls cond every 100ms for up to 30s and fails with what when it never holds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(what)
+		}
+	}
+}
+
+// TestTheManagerWatchesWhatTheClusterOwns runs the reconciler as the binary does: nothing calls
+// Reconcile but the manager's watches, and its cache holds only the operator's labelled objects.
+// A Ready cluster is polled once a minute, so what is put back within seconds is put back by a
+// watch: the For, Owns and guard watches, and the API-server lookup of what the cache cannot see.
+func TestTheManagerWatchesWhatTheClusterOwns(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("manager")
+	kvc := withBackups(newKVCluster(ns, "kv", 3), "") // a final backup is wanted: the cluster keeps a guard
+	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
+	startManager(t, h.members)
+
+	h.create(kvc)
+	eventually(t, "the KVCluster's creation started no reconcile", func() bool {
+		return h.client.Get(ctx, client.ObjectKeyFromObject(kvc), &appsv1.StatefulSet{}) == nil
+	})
+	h.setMembersReady(kvc, 3)
+	eventually(t, "the StatefulSet's readiness was not noticed", func() bool { return h.fresh(kvc).Status.Phase == kvv1.PhaseReady })
+
+	for _, obj := range []client.Object{
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-client"}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: specs.GuardName(kvc)}},
+	} {
+		var before types.UID
+		if err := h.client.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			t.Fatal(err)
+		}
+		before = obj.GetUID()
+		if err := h.client.Delete(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, fmt.Sprintf("%T %s was deleted and not put back", obj, obj.GetName()), func() bool {
+			return h.client.Get(ctx, client.ObjectKeyFromObject(obj), obj) == nil && obj.GetUID() != before
+		})
+	}
+
+	// Someone else's unlabelled Service is not in the cache; it must not look absent.
+	theirs := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other-client"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
+	if err := h.client.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	other := newKVCluster(ns, "other", 1)
+	h.create(other)
+	eventually(t, "someone else's Service under the cluster's name was not reported", func() bool {
+		c := meta.FindStatusCondition(h.fresh(other).Status.Conditions, kvv1.ConditionStalled)
+		return c != nil && c.Reason == plan.ReasonObjectConflict
+	})
+	if err := h.client.Get(ctx, client.ObjectKeyFromObject(theirs), theirs); err != nil || len(theirs.OwnerReferences) != 0 || theirs.Labels[specs.ManagedByLabel] != "" {
+		t.Errorf("someone else's Service was written: %v %+v", err, theirs.ObjectMeta)
 	}
 }
