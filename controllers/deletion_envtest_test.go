@@ -25,6 +25,7 @@ import (
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -142,7 +143,7 @@ func TestFinalBackupWaitsForDrainedClientsAndFencedWrites(t *testing.T) {
 	if !started || final.Annotations[specs.WritesFencedAnnotation] != "4242" {
 		t.Fatalf("final backup Job started %t, annotations %v; want it to start after the fence at revision 4242", started, final.Annotations)
 	}
-	drain, _ := findStep(h.fresh(kvc).Status.Deletion, kvv1.StepDrain)
+	drain, _ := plan.FindStep(h.fresh(kvc).Status.Deletion, kvv1.StepDrain)
 	if drain.Outcome != kvv1.DeletionSucceeded || drain.Revision != 4242 {
 		t.Errorf("drain step = %+v", drain)
 	}
@@ -276,7 +277,7 @@ func TestForegroundDeletionKeepsTheStepsJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.reconcile(kvc)
-	if step, _ := findStep(h.fresh(kvc).Status.Deletion, kvv1.StepDeregistration); step.Outcome != kvv1.DeletionRunning {
+	if step, _ := plan.FindStep(h.fresh(kvc).Status.Deletion, kvv1.StepDeregistration); step.Outcome != kvv1.DeletionRunning {
 		t.Fatalf("deregistration step = %+v, want it still running", step)
 	}
 	h.finishJob(dereg, true, "POST https://registry.example/… succeeded")

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -235,4 +237,105 @@ func (r *KVClusterReconciler) leftoverClaims(ctx context.Context, kvc *kvv1.KVCl
 		}
 	}
 	return leftover, nil
+}
+
+// observeDeletion reads what a pass over a deleted cluster's steps needs: the KVCluster afresh
+// (a cache lagging behind the last pass's status write would run a step again: drain and fence
+// twice, announce twice), its namespace, guard, members, client Service and the steps' Jobs. It
+// returns a nil KVCluster when it is gone.
+func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.KVCluster) (*kvv1.KVCluster, plan.DeletionObservation, error) {
+	var obs plan.DeletionObservation
+	kvc := &kvv1.KVCluster{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), kvc); err != nil {
+		return nil, obs, client.IgnoreNotFound(err)
+	}
+	var err error
+	if obs.NamespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
+		return nil, obs, err
+	}
+	var guard corev1.ConfigMap
+	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {
+		return nil, obs, err
+	} else if found && guard.Labels[specs.ClusterUIDLabel] == string(kvc.UID) {
+		obs.Guard = guard.UID
+	}
+	if obs.Orphaning, err = r.orphaning(ctx, kvc); err != nil {
+		return nil, obs, err
+	}
+	if obs.OwnMembers, err = r.hasOwnMembers(ctx, kvc, obs.Guard); err != nil {
+		return nil, obs, err
+	}
+	var svc corev1.Service
+	found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.ClientServiceName(kvc)}, &svc)
+	if err != nil {
+		return nil, obs, err
+	}
+	if at, err := time.Parse(time.RFC3339, svc.Annotations[specs.DrainedAtAnnotation]); found && err == nil {
+		obs.DrainedAt = &at
+	}
+	obs.ClientServiceWritable = found && controlledBy(&svc, kvc) && svc.DeletionTimestamp == nil
+	obs.Jobs = map[string]plan.StepJob{}
+	for _, name := range []string{specs.FinalBackupJobName(kvc), specs.DeregistrationJobName(kvc)} {
+		job := &batchv1.Job{}
+		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job)
+		if err != nil || !found {
+			if err != nil {
+				return nil, obs, err
+			}
+			continue
+		}
+		sj := plan.StepJob{Job: plan.NewJob(job, "")}
+		if !controlledBy(job, kvc) && job.Labels[specs.ClusterUIDLabel] != string(kvc.UID) {
+			sj.NotOurs = ownerOf(job)
+		} else if sj.Done {
+			// Read once, when the step ends: on the API server too, if the cache lags.
+			if sj.Report, err = r.jobReport(ctx, job, true); err != nil {
+				return nil, obs, err
+			}
+		}
+		obs.Jobs[name] = sj
+	}
+	return kvc, obs, nil
+}
+
+// orphaning reports a deletion with --cascade=orphan: the API server sets the orphan finalizer,
+// and the garbage collector takes the KVCluster off its objects' owners before it removes that
+// finalizer; the PodDisruptionBudget (which has no other owner) then stays without it, whereas
+// in a background deletion it keeps it and in a foreground one it is deleted.
+func (r *KVClusterReconciler) orphaning(ctx context.Context, kvc *kvv1.KVCluster) (bool, error) {
+	if slices.Contains(kvc.Finalizers, metav1.FinalizerOrphanDependents) {
+		return true, nil
+	}
+	var pdb policyv1.PodDisruptionBudget
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &pdb); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return pdb.DeletionTimestamp == nil && !ownedBy(&pdb, kvc.UID), nil
+}
+
+// hasOwnMembers: the cluster formed, and its StatefulSet is its own (controlled by it, or, once
+// a foreground deletion took the KVCluster off its owners, by its guard).
+func (r *KVClusterReconciler) hasOwnMembers(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID) (bool, error) {
+	if kvc.Status.CurrentVersion == "" && len(kvc.Status.Members) == 0 {
+		return false, nil
+	}
+	var sts appsv1.StatefulSet
+	found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts)
+	if err != nil || !found {
+		return false, err
+	}
+	return ownedBy(&sts, kvc.UID) || (guard != "" && ownedBy(&sts, guard)), nil
+}
+
+// namespaceTerminating: the cluster's namespace is being deleted, so its pods and claims are going
+// and no Job can start there.
+func (r *KVClusterReconciler) namespaceTerminating(ctx context.Context, name string) (bool, error) {
+	var ns corev1.Namespace
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: name}, &ns); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return ns.DeletionTimestamp != nil, nil
 }
