@@ -89,10 +89,11 @@ func BackupObjectKey(kvc *kvv1.KVCluster, file string) string {
 	return strings.TrimPrefix(path.Join(prefix, kvc.Namespace, kvc.Name, string(kvc.UID), file+".db"), "/")
 }
 
-// reportMargin is how long before its Job's deadline the backup program gives up: it still
-// needs up to backup.StopTimeout to abort its upload and say why.
-func reportMargin(deadline int64) int64 {
-	return int64(backup.StopTimeout/time.Second) + 5 + deadline/10
+// reportMargin is how long before its Job's deadline a program run by a Job gives up, so it can
+// still say why in its termination message before Kubernetes kills it: stop (what it needs to
+// wind down, e.g. abort an upload), 5 s, and a tenth of the deadline for the pod's start.
+func reportMargin(deadline int64, stop time.Duration) int64 {
+	return int64(stop/time.Second) + 5 + deadline/10
 }
 
 const (
@@ -145,7 +146,7 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 		"--endpoints=" + strings.Join(MemberClientURLs(kvc), ","),
 		"--key=" + run.Key,
 		// The program gives up before the Job's deadline kills it, so it can still say why.
-		fmt.Sprintf("--timeout=%ds", deadline-reportMargin(deadline)),
+		fmt.Sprintf("--timeout=%ds", deadline-reportMargin(deadline, backup.StopTimeout)),
 	}, access.args...)
 	if run.Kind == BackupScheduled { // only scheduled backups prune: the others are kept for good
 		args = append(args, "--prune-cluster="+kvc.Name, fmt.Sprintf("--keep-last=%d", max(b.Retention.KeepLast, 1)))

@@ -36,7 +36,7 @@ func DeregistrationJob(kvc *kvv1.KVCluster, operatorImage string, guard types.UI
 			url.WithValue(h.URL)
 		}
 		c.WithImage(operatorImage).WithEnv(url).WithArgs("http-call", "--url-env=DEREGISTRATION_URL",
-			"--method="+h.Method, fmt.Sprintf("--retries=%d", h.Retries), fmt.Sprintf("--timeout=%ds", d.TimeoutSeconds))
+			"--method="+h.Method, fmt.Sprintf("--retries=%d", h.Retries), fmt.Sprintf("--timeout=%ds", int64(d.TimeoutSeconds)-reportMargin(int64(d.TimeoutSeconds), 0)))
 	} else {
 		c.WithImage(d.Job.Image).WithCommand(d.Job.Command...).WithArgs(d.Job.Args...)
 	}

@@ -13,7 +13,8 @@ import (
 // with its UID (whose it is once a foreground deletion took the KVCluster off its owners), kept by
 // the guard while there is one, bounded by spec.deregistration.timeoutSeconds and never retried.
 // An HTTP step runs the operator's http-call program with the URL in its environment, from the
-// Secret when the user gave one; a Job step runs the user's container as given.
+// Secret when the user gave one, and gives up early enough to say why it failed before the Job's
+// deadline kills it; a Job step runs the user's container as given.
 func TestDeregistrationJob(t *testing.T) {
 	labels := map[string]string{
 		"app.kubernetes.io/name": "kvcluster", "app.kubernetes.io/instance": "kv", "app.kubernetes.io/managed-by": "kvcluster-operator",
@@ -37,7 +38,7 @@ func TestDeregistrationJob(t *testing.T) {
 			deregister: kvv1.DeregistrationSpec{TimeoutSeconds: 300,
 				HTTP: &kvv1.HTTPDeregistration{URL: "https://registry.example/members/kv", Method: "DELETE", Retries: 3}},
 			wantImage:    "op:1",
-			wantArgs:     []string{"http-call", "--url-env=DEREGISTRATION_URL", "--method=DELETE", "--retries=3", "--timeout=300s"},
+			wantArgs:     []string{"http-call", "--url-env=DEREGISTRATION_URL", "--method=DELETE", "--retries=3", "--timeout=265s"},
 			wantEnv:      []string{"DEREGISTRATION_URL=https://registry.example/members/kv"},
 			wantDeadline: 300,
 			wantOwners:   []string{controller},
@@ -49,7 +50,7 @@ func TestDeregistrationJob(t *testing.T) {
 					LocalObjectReference: corev1.LocalObjectReference{Name: "registry"}, Key: "url"}}},
 			guard:        "guard-1",
 			wantImage:    "op:1",
-			wantArgs:     []string{"http-call", "--url-env=DEREGISTRATION_URL", "--method=POST", "--retries=0", "--timeout=10s"},
+			wantArgs:     []string{"http-call", "--url-env=DEREGISTRATION_URL", "--method=POST", "--retries=0", "--timeout=4s"},
 			wantEnv:      []string{"DEREGISTRATION_URL from Secret registry key url"},
 			wantDeadline: 10,
 			wantOwners:   []string{controller, guard},
