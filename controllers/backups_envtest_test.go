@@ -69,6 +69,22 @@ func (h *harness) deleteAndReconcile(kvc *kvv1.KVCluster) {
 	}
 }
 
+// reconcileGone reconciles once and fails unless the KVCluster is then gone and its events hold
+// every one of want.
+func (h *harness) reconcileGone(kvc *kvv1.KVCluster, want ...string) {
+	h.t.Helper()
+	h.reconcile(kvc)
+	if !h.gone(kvc) {
+		h.t.Fatalf("the KVCluster is still there: %+v", h.fresh(kvc).Status.Deletion)
+	}
+	ev := drainEvents(h)
+	for _, w := range want {
+		if !strings.Contains(ev, w) {
+			h.t.Errorf("events lack %q:\n%s", w, ev)
+		}
+	}
+}
+
 func (h *harness) gone(kvc *kvv1.KVCluster) bool {
 	err := h.client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &kvv1.KVCluster{})
 	return apierrors.IsNotFound(err)
@@ -283,13 +299,7 @@ func TestDeletionTakesAFinalBackupBeforeLettingGo(t *testing.T) {
 	}
 
 	h.finishJob(job, true, successReport("team/"+ns+"/kv/kv-final.db"))
-	h.reconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatal("the KVCluster still exists after its final backup")
-	}
-	if ev := drainEvents(h); !strings.Contains(ev, "FinalBackupCompleted") || !strings.Contains(ev, "kv-final.db") {
-		t.Errorf("events = %q, want FinalBackupCompleted naming the object", ev)
-	}
+	h.reconcileGone(kvc, "FinalBackupCompleted", "kv-final.db")
 }
 
 func TestFinalBackupFailsOpenWithAWarning(t *testing.T) {
@@ -300,13 +310,7 @@ func TestFinalBackupFailsOpenWithAWarning(t *testing.T) {
 	job := &batchv1.Job{}
 	h.get(job, ns, "kv-final")
 	h.finishJob(job, false, "backup failed: no etcd member answered")
-	h.reconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatal("a failed final backup must not hold the deletion (Proceed)")
-	}
-	if ev := drainEvents(h); !strings.Contains(ev, "Warning FinalBackupFailed") || !strings.Contains(ev, "no backup of this cluster exists") {
-		t.Errorf("events = %q, want a Warning saying what is lost", ev)
-	}
+	h.reconcileGone(kvc, "Warning FinalBackupFailed", "no backup of this cluster exists") // Proceed, saying what is lost
 }
 
 func TestFinalBackupBlocksWhenAskedTo(t *testing.T) {
@@ -336,10 +340,7 @@ func TestFinalBackupBlocksWhenAskedTo(t *testing.T) {
 	if err := h.client.Update(ctx, got); err != nil {
 		t.Fatal(err)
 	}
-	h.reconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatal("the skip annotation did not release the KVCluster")
-	}
+	h.reconcileGone(kvc)
 }
 
 func names(jobs []batchv1.Job) []string {

@@ -65,13 +65,7 @@ func TestDeletionStepTimeLimitsCountFromEachStepsStart(t *testing.T) {
 		t.Fatal("deleted while the deregistration runs")
 	}
 	h.clock.SetTime(h.clock.Now().Add(30*time.Second + time.Minute + time.Second))
-	h.reconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatal("a deregistration past its own time limit must be given up (Proceed)")
-	}
-	if ev := drainEvents(h); !strings.Contains(ev, "Warning DeregistrationFailed") || !strings.Contains(ev, "did not finish within 30s") {
-		t.Errorf("events = %q, want the deregistration given up after its own limit", ev)
-	}
+	h.reconcileGone(kvc, "Warning DeregistrationFailed", "did not finish within 30s") // given up after its own limit (Proceed)
 }
 
 // TestDeletingTheNamespaceNeverHangsAndTheLossIsCounted: in a namespace being deleted no Job can
@@ -148,16 +142,7 @@ func TestFinalBackupWaitsForDrainedClientsAndFencedWrites(t *testing.T) {
 		t.Errorf("drain step = %+v", drain)
 	}
 	h.finishJob(final, true, successReport("team/"+ns+"/kv/uid/kv-final-x.db"))
-	h.reconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatal("still there after the final backup")
-	}
-	ev := drainEvents(h)
-	for _, want := range []string{"DrainStarted", "WritesFenced", "fenced at revision 4242", "writes were fenced at revision 4242: it holds the cluster's last state"} {
-		if !strings.Contains(ev, want) {
-			t.Errorf("events lack %q:\n%s", want, ev)
-		}
-	}
+	h.reconcileGone(kvc, "DrainStarted", "WritesFenced", "fenced at revision 4242", "writes were fenced at revision 4242: it holds the cluster's last state")
 }
 
 // TestTheGuardOwnsWhatTheFinalBackupNeeds: while a cluster has deletion steps, a guard ConfigMap
@@ -524,11 +509,5 @@ func TestAFinalBackupIsRecordedFromItsReportEvenWhenTheCacheLags(t *testing.T) {
 			return nil
 		},
 	})
-	h.reconcile(kvc)
-	if !h.gone(kvc) {
-		t.Fatalf("still there: %+v", h.fresh(kvc).Status.Deletion)
-	}
-	if ev := drainEvents(h); !strings.Contains(ev, "FinalBackupCompleted final backup kv-final wrote s3://backups/team/"+ns+"/kv/uid/kv-final-x.db") {
-		t.Errorf("events = %q, want the final backup recorded with where it went", ev)
-	}
+	h.reconcileGone(kvc, "FinalBackupCompleted final backup kv-final wrote s3://backups/team/"+ns+"/kv/uid/kv-final-x.db")
 }
