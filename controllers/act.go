@@ -30,18 +30,12 @@ import (
 
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=patch
 
-// act carries out a plan, in its order, and decides nothing: the finalizer, adopted volumes, the
-// owned objects, one rollout step, stale alarms, backup Jobs, then the status and its events. A
+// act carries out a plan, in its order, and decides nothing: adopted volumes, the owned objects, one rollout step, stale alarms, backup Jobs, then the status and its events. A
 // failed apply does not stop it: status still says how the cluster is (and why the apply failed),
 // and backups still run. An apply the API server refuses for good is itself observed, and the
 // cluster planned again with it. Transient errors are returned at the end, so the reconcile is
 // retried with backoff.
 func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs plan.Observation, p plan.Plan, now time.Time) (ctrl.Result, error) {
-	if p.Finalizer != nil {
-		if err := r.applyFinalizer(ctx, kvc, *p.Finalizer); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
 	if err := r.adoptClaims(ctx, kvc, p.AdoptClaims); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -238,7 +232,7 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.PreUpgradeBackupJobName(kvc)}, &batchv1.Job{}); err == nil {
 			return false, nil
 		}
-		if err := r.Client.Apply(ctx, specs.PreUpgradeBackupJob(kvc, r.BackupImage, r.Clock.Now()), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+		if err := r.Client.Apply(ctx, ro.Job, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 			return false, fmt.Errorf("apply pre-upgrade backup Job: %w", err)
 		}
 		eventReason = plan.EventPreUpgradeBackup

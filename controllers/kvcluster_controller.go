@@ -79,8 +79,9 @@ func CacheOptions() cache.Options {
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Reconcile reads as a story: load the cluster; observe everything once (observe.go); decide
-// everything in one pure function (plan.Make); carry the plan out (act.go). A cluster being
+// Reconcile reads as a story: load the cluster; hold the deletion finalizer whenever deletion has
+// steps to run; observe everything once (observe.go); decide everything in one pure function
+// (plan.Make); carry the plan out (act.go). A cluster being
 // deleted goes through its deletion steps instead (deletion.go).
 func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var kvc kvv1.KVCluster
@@ -93,6 +94,11 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !kvc.DeletionTimestamp.IsZero() {
 		// The final backup and deregistration run first; then the garbage collector removes the owned objects.
 		return r.finalize(ctx, &kvc)
+	}
+	if want, change := plan.FinalizerChange(&kvc); change {
+		if err := r.applyFinalizer(ctx, &kvc, want); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	now := r.Clock.Now()
 	obs, err := r.observe(ctx, &kvc)

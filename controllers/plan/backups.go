@@ -60,8 +60,8 @@ func dueSlot(kvc *kvv1.KVCluster, running bool, now time.Time) slot {
 }
 
 // planBackups records finished backups in st (the status about to be written), decides the Job
-// due now and the Jobs to prune, and says when to look again (0: no schedule). ownMembers is
-// false when what answers at the members' names is someone else's: no backup of it is taken.
+// due now and the Jobs to prune, and says when to look again (0: no schedule). No backup is taken
+// when what answers at the members' names is someone else's (obs.STSForeign).
 func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, now time.Time, image string) (Backups, []Event, time.Duration) {
 	var out Backups
 	if kvc.Spec.Backup == nil {

@@ -16,7 +16,8 @@ import (
 )
 
 // Observation is what one reconcile saw of a cluster, read once before anything is decided:
-// Kubernetes (from the cache) and etcd (live). Nothing in it changes while the plan is made.
+// Kubernetes (from the cache) and etcd (live). One outcome of acting is observed too: an apply
+// the API server refuses (ApplyRejected, ForeignChildren), after which the cluster is planned again.
 type Observation struct {
 	// ReadyMembers is the StatefulSet's count of ready member pods.
 	ReadyMembers int32

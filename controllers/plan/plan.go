@@ -24,9 +24,6 @@ type Config struct {
 
 // Plan is everything one reconcile of a live (not deleted) cluster does, in the order it is done.
 type Plan struct {
-	// Finalizer is whether the deletion finalizer must be added (true) or removed (false); nil
-	// when it is as it should be.
-	Finalizer *bool
 	// Guard: the cluster has deletion steps, so it keeps a deletion guard (see specs.Guard).
 	Guard bool
 	// AdoptClaims are leftover volume claims the user asked to adopt (kvcluster.io/adopt-volumes).
@@ -45,7 +42,8 @@ type Plan struct {
 	Status kvv1.KVClusterStatus
 	// Reason and Message explain the phase in Status.
 	Reason, Message string
-	// Events announce what changed in status, once, after it is written.
+	// Events announce what changed in status (the phase, a finished backup, a bad schedule),
+	// once, after it is written; each step act takes is announced as it is taken.
 	Events []Event
 	// RequeueAfter is when to look again if nothing else triggers a reconcile.
 	RequeueAfter time.Duration
@@ -69,9 +67,6 @@ type Event struct {
 // Make plans one reconcile of a cluster that is not being deleted.
 func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan {
 	p := Plan{Guard: WantsFinalizer(kvc), Endpoints: obs.ClientURLs(kvc)}
-	if has := slices.Contains(kvc.Finalizers, kvv1.FinalizerFinalBackup); has != p.Guard {
-		p.Finalizer = &p.Guard
-	}
 	if kvc.Annotations[kvv1.AnnotationAdoptVolumes] == "true" && kvc.Spec.Restore == nil {
 		// Adopted claims are labelled with this cluster's UID, so they stay its own once the
 		// annotation is gone; they are no conflict now.
@@ -96,6 +91,9 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	p.Reason, p.Message, p.RequeueAfter = v.reason, v.message, v.requeueAfter
 	if v.phase == kvv1.PhaseUpgrading { // only a rollout acts on the members
 		p.Rollout = ro
+		if ro.Action == ActPreUpgradeBackup {
+			p.Rollout.Job = specs.PreUpgradeBackupJob(kvc, cfg.Images.Operator, now)
+		}
 	}
 	p.Disarm = staleAlarms(kvc, obs)
 	var events []Event
@@ -107,6 +105,14 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	p.Status = st
 	p.Events = append(phaseEvents(kvc, v), events...)
 	return p
+}
+
+// FinalizerChange says whether the deletion finalizer must be added (want true) or removed (want
+// false). It depends on the spec alone, so it is applied before anything is observed: a cluster
+// deleted right after its creation must already hold it.
+func FinalizerChange(kvc *kvv1.KVCluster) (want, change bool) {
+	want = WantsFinalizer(kvc)
+	return want, slices.Contains(kvc.Finalizers, kvv1.FinalizerFinalBackup) != want
 }
 
 // phaseEvents announce a phase change, and a problem that needs a person, once.

@@ -7,6 +7,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	"k8s.io/apimachinery/pkg/types"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
@@ -46,8 +47,10 @@ type Rollout struct {
 	PodUID types.UID
 	// VolumeUID is the data claim of a learner whose volume is reset, likewise a precondition.
 	VolumeUID types.UID
-	// OldJob is an earlier upgrade's pre-upgrade backup Job, deleted to make room for this one's.
+	// OldJob is an earlier upgrade's pre-upgrade backup Job, deleted to make room for this one's;
+	// Job is this upgrade's, to start once it is gone.
 	OldJob  *batchv1.Job
+	Job     *batchv1ac.JobApplyConfiguration
 	Reason  string
 	Message string
 }
