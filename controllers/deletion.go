@@ -20,7 +20,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=delete
 
 // maxDeletionActions bounds the actions of one pass (drain, fence, start a Job): each is planned
-// once, as its outcome is part of what the pass plans from next.
+// once, as its outcome is part of what the pass plans from next. One time stands for the whole
+// pass.
 const maxDeletionActions = 4
 
 // finalize runs while a KVCluster with the finalizer is being deleted. Its members still run (the
@@ -37,57 +38,65 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, cached *kvv1.KVClust
 	if err != nil || kvc == nil {
 		return ctrl.Result{}, err
 	}
-	p := plan.Deletion(kvc, obs, r.Clock.Now(), r.planConfig())
+	now := r.Clock.Now()
+	p := plan.Deletion(kvc, obs, now, r.planConfig())
 	for range maxDeletionActions {
 		if p.Action == nil {
 			break
 		}
-		if err := r.deletionAction(ctx, kvc, *p.Action, &obs.Acted); err != nil {
+		if err := r.deletionAction(ctx, kvc, *p.Action, &obs); err != nil {
 			// What the earlier steps did is kept (a fence is not raised twice); this one is retried.
-			r.record(kvc, p.Events...)
-			return ctrl.Result{}, errors.Join(err, applyStatus(ctx, r.Client, kvc, p.Status))
+			err = errors.Join(err, applyStatus(ctx, r.Client, kvc, p.Status))
+			r.announceDeletion(ctx, kvc, p)
+			return ctrl.Result{}, err
 		}
-		if p.Action.Kind == plan.DrainClients {
-			obs.DrainedAt = &p.Action.DrainedAt
-		}
-		p = plan.Deletion(kvc, obs, r.Clock.Now(), r.planConfig())
+		p = plan.Deletion(kvc, obs, now, r.planConfig())
 	}
 	// The status is recorded while the object still exists (a no-op when nothing changed).
 	if err := applyStatus(ctx, r.Client, kvc, p.Status); err != nil {
 		return ctrl.Result{}, errors.Join(p.Err, err)
 	}
+	r.announceDeletion(ctx, kvc, p)
+	switch {
+	case p.Err != nil:
+		return ctrl.Result{}, p.Err
+	case !p.Done:
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+	case p.OrphanGuard:
+		// Deleted with --cascade=orphan, the members are meant to stay: the guard keeps owning them.
+		orphaned := specs.Guard(kvc).WithAnnotations(map[string]string{specs.OrphanedAnnotation: "true"})
+		if err := r.Client.Apply(ctx, orphaned, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			return ctrl.Result{}, fmt.Errorf("keep the deletion guard of orphaned members: %w", err)
+		}
+	case p.DeleteGuard:
+		if err := r.deleteGuard(ctx, kvc.Namespace, kvc.Name, kvc.UID); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, r.applyFinalizer(ctx, kvc, false)
+}
+
+// announceDeletion records a pass's events and, for a final backup given up, logs and counts it:
+// the operator's log and metrics outlive a deleted namespace, where events cannot be written.
+func (r *KVClusterReconciler) announceDeletion(ctx context.Context, kvc *kvv1.KVCluster, p plan.DeletionPass) {
 	r.record(kvc, p.Events...)
 	if lost := p.Lost; lost != nil {
 		finalBackupsLost.WithLabelValues(lost.Reason).Inc()
 		log.FromContext(ctx).Error(nil, "a KVCluster is deleted without its final backup", "why", lost.Why, "lost", lost.Lost, "reason", lost.Reason)
 	}
-	if !p.Done {
-		return ctrl.Result{RequeueAfter: 5 * time.Second}, p.Err
-	}
-	if obs.Orphaning {
-		// Deleted with --cascade=orphan, the members are meant to stay: the guard keeps owning them.
-		if obs.Guard != "" {
-			orphaned := specs.Guard(kvc).WithAnnotations(map[string]string{specs.OrphanedAnnotation: "true"})
-			if err := r.Client.Apply(ctx, orphaned, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
-				return ctrl.Result{}, fmt.Errorf("keep the deletion guard of orphaned members: %w", err)
-			}
-		}
-	} else if err := r.deleteGuard(ctx, kvc.Namespace, kvc.Name, kvc.UID); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{}, r.applyFinalizer(ctx, kvc, false)
 }
 
-// deletionAction carries out what the first unfinished deletion step needs and records its
-// outcome in acted. Only an error acting on Kubernetes is returned; what etcd or the API server
-// answer to a step is its outcome.
-func (r *KVClusterReconciler) deletionAction(ctx context.Context, kvc *kvv1.KVCluster, a plan.DeletionAction, acted *plan.Acted) error {
+// deletionAction carries out what the first unfinished deletion step needs and adds its outcome
+// to what the pass observed. Only a drain the API server refuses is returned as an error; what
+// etcd or the API server answer to the other steps is their outcome.
+func (r *KVClusterReconciler) deletionAction(ctx context.Context, kvc *kvv1.KVCluster, a plan.DeletionAction, obs *plan.DeletionObservation) error {
+	acted := &obs.Acted
 	switch a.Kind {
 	case plan.DrainClients:
 		if err := r.Client.Apply(ctx, specs.ClientService(kvc, a.DrainedAt), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 			return fmt.Errorf("drain the client Service %s/%s: %w", kvc.Namespace, specs.ClientServiceName(kvc), err)
 		}
-		acted.Drained = true
+		obs.DrainedAt = &a.DrainedAt
 	case plan.FenceWrites:
 		revision, err := r.Members.FenceWrites(ctx, specs.MemberClientURLs(kvc))
 		acted.Fenced = &plan.Fence{Revision: revision, Err: err}

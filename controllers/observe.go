@@ -52,8 +52,10 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	}
 
 	var err error
-	if obs.Jobs, obs.PreUpgradeJob, err = r.observeJobs(ctx, kvc); err != nil {
-		return obs, err
+	if kvc.Spec.Backup != nil {
+		if obs.Jobs, obs.PreUpgradeJob, err = r.observeJobs(ctx, kvc); err != nil {
+			return obs, err
+		}
 	}
 	if obs.ForeignChildren, obs.STSForeign, err = r.foreignChildren(ctx, kvc); err != nil {
 		return obs, err
@@ -275,23 +277,33 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	}
 	obs.ClientServiceWritable = found && controlledBy(&svc, kvc) && svc.DeletionTimestamp == nil
 	obs.Jobs = map[string]plan.StepJob{}
-	for _, name := range []string{specs.FinalBackupJobName(kvc), specs.DeregistrationJobName(kvc)} {
+	steps := map[kvv1.DeletionStepName]string{}
+	if plan.WantsFinalBackup(kvc) {
+		steps[kvv1.StepFinalBackup] = specs.FinalBackupJobName(kvc)
+	}
+	if kvc.Spec.Deregistration != nil {
+		steps[kvv1.StepDeregistration] = specs.DeregistrationJobName(kvc)
+	}
+	for step, name := range steps {
 		job := &batchv1.Job{}
-		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job)
-		if err != nil || !found {
-			if err != nil {
-				return nil, obs, err
-			}
+		if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job); err != nil {
+			return nil, obs, err
+		} else if !found {
 			continue
 		}
 		sj := plan.StepJob{Job: plan.NewJob(job, "")}
-		if !controlledBy(job, kvc) && job.Labels[specs.ClusterUIDLabel] != string(kvc.UID) {
+		rec, _ := plan.FindStep(kvc.Status.Deletion, step)
+		switch {
+		case !controlledBy(job, kvc) && job.Labels[specs.ClusterUIDLabel] != string(kvc.UID):
 			sj.NotOurs = ownerOf(job)
-		} else if sj.Done {
-			// Read once, when the step ends: on the API server too, if the cache lags.
-			if sj.Report, err = r.jobReport(ctx, job, true); err != nil {
+		case sj.Done && rec.Outcome != kvv1.DeletionSucceeded:
+			// Read while its step is not over, on the API server too if the cache lags; a failed
+			// step that blocks the deletion is decided again from it on every pass.
+			report, err := r.jobReport(ctx, job, true)
+			if err != nil {
 				return nil, obs, err
 			}
+			sj.Report = report
 		}
 		obs.Jobs[name] = sj
 	}

@@ -71,10 +71,8 @@ type StepJob struct {
 	NotOurs string
 }
 
-// Acted is the outcome of the actions a pass has taken.
+// Acted is the outcome of the actions a pass has taken (a drain shows in DrainedAt).
 type Acted struct {
-	// Drained: the client Service was made to select no member, at DrainedAt.
-	Drained bool
 	// Fenced is the outcome of fencing writes, nil before it was tried.
 	Fenced *Fence
 	// Started are the outcomes of starting step Jobs, by name.
@@ -117,9 +115,10 @@ type DeletionPass struct {
 	// Err is an error to retry with backoff (a Job that could not be started yet), after the
 	// status is written.
 	Err error
-	// Done: every step is finished; the guard is deleted (kept, when Orphaning) and the finalizer
-	// removed.
-	Done bool
+	// Done: every step is finished; the guard goes (DeleteGuard) or, members orphaned on purpose,
+	// stays marked as theirs (OrphanGuard), and the finalizer is removed.
+	Done                     bool
+	DeleteGuard, OrphanGuard bool
 	// Events announce what changed, once. With an Action, they are the earlier steps' (the pass
 	// is planned again after the action, unless it fails).
 	Events []Event
@@ -136,7 +135,8 @@ type LostBackup struct {
 // deletionStep is a row of the deletion steps' table.
 type deletionStep struct {
 	name kvv1.DeletionStepName
-	// job and jobName build the step's Job; nil for the drain, which acts on etcd itself.
+	// job and jobName build the step's Job (none for the drain, which acts on the client Service
+	// and etcd).
 	job     func(status kvv1.KVClusterStatus) *batchv1ac.JobApplyConfiguration
 	jobName string
 	// limit is how long the step may take to start after the previous one ended, and to run.
@@ -174,7 +174,7 @@ func Deletion(kvc *kvv1.KVCluster, obs DeletionObservation, now time.Time, cfg C
 		case step.skipped != "":
 			rec = kvv1.DeletionStep{Name: step.name, Outcome: kvv1.DeletionSkipped, CompletionTime: d.stamp(), Message: step.skipped}
 		case !d.done(rec):
-			if step.job == nil {
+			if step.name == kvv1.StepDrain {
 				rec, p.Action = d.drain(rec)
 			} else {
 				rec, p.Action, p.Err = d.jobStep(step, rec, since)
@@ -200,6 +200,7 @@ func Deletion(kvc *kvv1.KVCluster, obs DeletionObservation, now time.Time, cfg C
 		}
 	}
 	p.Status, p.Done = d.status, true
+	p.DeleteGuard, p.OrphanGuard = !obs.Orphaning, obs.Orphaning && obs.Guard != ""
 	return p
 }
 
@@ -279,7 +280,7 @@ func (d *deletion) drain(rec kvv1.DeletionStep) (kvv1.DeletionStep, *DeletionAct
 	}
 	if since == nil {
 		since = d.stamp()
-		if d.obs.ClientServiceWritable && !d.obs.Acted.Drained { // else no one reaches the members through it
+		if d.obs.ClientServiceWritable { // else no one reaches the members through it
 			return rec, &DeletionAction{Kind: DrainClients, DrainedAt: since.Time}
 		}
 	}
