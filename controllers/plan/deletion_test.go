@@ -8,6 +8,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,6 +62,9 @@ func TestTheDeletionSteps(t *testing.T) {
 	drainedAt := t0
 	drained := with(func(o *DeletionObservation) { o.DrainedAt = &drainedAt })
 	draining := step(kvv1.StepDrain, kvv1.DeletionRunning, t0, 0)
+	saidRec := draining
+	saidRec.Message = "the client Service takes no new connections; clients have 10s to finish before writes are fenced"
+	said := deleted(saidRec)
 	fenced := step(kvv1.StepDrain, kvv1.DeletionSucceeded, t0.Add(10*time.Second), 42)
 	refused := errors.New("etcd refused")
 	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "jobs"}, "kv-final", errors.New("quota"))
@@ -86,7 +90,7 @@ func TestTheDeletionSteps(t *testing.T) {
 	}{
 		{name: "first the client Service stops taking connections", kvc: deleted(), obs: ours, now: t0,
 			wantAction: DrainClients},
-		{name: "clients get their grace", kvc: deleted(), obs: with(func(o *DeletionObservation) { o.DrainedAt, o.Acted.Drained = &drainedAt, true }),
+		{name: "clients get their grace", kvc: deleted(), obs: drained,
 			now: t0, wantSteps: "Drain=Running", wantEvents: EventDrainStarted},
 		{name: "without a Service of its own the drain still waits its grace", kvc: deleted(), obs: with(func(o *DeletionObservation) { o.ClientServiceWritable = false }),
 			now: t0, wantSteps: "Drain=Running", wantEvents: EventDrainStarted},
@@ -149,15 +153,32 @@ func TestTheDeletionSteps(t *testing.T) {
 		{name: "a Job refused by a terminating namespace fails at once", kvc: deleted(fenced),
 			obs: with(func(o *DeletionObservation) { o.Acted.Started = map[string]error{"kv-final": terminating} }),
 			now: t0.Add(20 * time.Second), wantSteps: "Drain=Succeeded FinalBackup=Failed", wantEvents: ReasonFinalBackupFailed, wantLost: "failed", wantDone: true},
-		{name: "--cascade=orphan keeps the members and their data", kvc: deleted(),
+		{name: "--cascade=orphan keeps the members, their data and the guard that owns them", kvc: deleted(),
 			obs: with(func(o *DeletionObservation) { o.Orphaning = true }), now: t0,
-			wantSteps: "Drain=Skipped FinalBackup=Skipped", wantEvents: EventFinalBackupSkipped, wantLost: "skipped", wantDone: true},
+			wantSteps: "Drain=Skipped FinalBackup=Skipped", wantEvents: EventFinalBackupSkipped, wantLost: "skipped", wantDone: true,
+			check: func(t *testing.T, p DeletionPass) {
+				if p.DeleteGuard || !p.OrphanGuard {
+					t.Errorf("delete guard %t, orphan guard %t; want it kept", p.DeleteGuard, p.OrphanGuard)
+				}
+			}},
 		{name: "a cluster without members of its own has nothing to back up", kvc: deleted(),
 			obs: with(func(o *DeletionObservation) { o.OwnMembers = false }), now: t0,
 			wantSteps: "Drain=Skipped FinalBackup=Skipped", wantEvents: EventFinalBackupSkipped, wantLost: "skipped", wantDone: true},
 		{name: "finalBackup: Skip", kvc: skip, obs: ours, now: t0,
 			wantSteps: "FinalBackup=Skipped", wantEvents: EventFinalBackupSkipped, wantLost: "skipped", wantDone: true},
-		{name: "what was said is not said again", kvc: deleted(draining), obs: drained, now: t0.Add(5 * time.Second), wantSteps: "Drain=Running"},
+		{name: "what was said is not said again, nor written", kvc: said, obs: drained, now: t0.Add(5 * time.Second), wantSteps: "Drain=Running",
+			check: func(t *testing.T, p DeletionPass) {
+				if !equality.Semantic.DeepEqual(p.Status, said.Status) {
+					t.Errorf("status changed although nothing happened:\n%+v\n%+v", p.Status.Deletion, said.Status.Deletion)
+				}
+			}},
+		{name: "the guard goes once every step is over", kvc: deleted(fenced, step(kvv1.StepFinalBackup, kvv1.DeletionSucceeded, t0, 0)), obs: ours, now: t0.Add(time.Minute),
+			wantSteps: "Drain=Succeeded FinalBackup=Succeeded", wantDone: true,
+			check: func(t *testing.T, p DeletionPass) {
+				if !p.DeleteGuard || p.OrphanGuard {
+					t.Errorf("delete guard %t, orphan guard %t; want it deleted", p.DeleteGuard, p.OrphanGuard)
+				}
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -90,6 +90,7 @@ func TestPlanRollout(t *testing.T) {
 		wantAction  Action
 		wantMember  string // the member acted on, or (for a wait) a word of the message
 		wantTo      uint64
+		check       func(t *testing.T, got Rollout)
 	}{
 		{name: "a cluster matching its spec has nothing to do", s: formed(3, to), wantPending: false, wantAction: ActWait, wantMember: "", wantTo: 0},
 		{name: "a member that is down is not a rollout", s: formed(3, to).with(func(s *scenario) { s.member(1).Healthy = false }), wantPending: false, wantAction: ActWait, wantMember: "", wantTo: 0},
@@ -135,6 +136,14 @@ func TestPlanRollout(t *testing.T) {
 			s.obs.STSSettled = false
 		}), wantPending: true, wantAction: ActWait, wantMember: "StatefulSet", wantTo: 0},
 		{name: "pre-upgrade backup first", s: formed(3, from).upgradeTo(to).with(withBackup), wantPending: true, wantAction: ActPreUpgradeBackup, wantMember: "", wantTo: 0},
+		{name: "pre-upgrade backup: an earlier upgrade's Job makes room first", s: formed(3, from).upgradeTo(to).with(withBackup).with(func(s *scenario) {
+			s.obs.PreUpgradeJob = preUpgradeJob(from, batchv1.JobComplete)
+		}), wantPending: true, wantAction: ActPreUpgradeBackup, wantMember: "", wantTo: 0,
+			check: func(t *testing.T, got Rollout) {
+				if got.OldJob == nil || got.OldJob.Annotations[specs.TargetVersionAnnotation] != from {
+					t.Errorf("old Job to delete = %v, want the upgrade to %s's", got.OldJob, from)
+				}
+			}},
 		{name: "pre-upgrade backup running: wait", s: formed(3, from).upgradeTo(to).with(withBackup).with(func(s *scenario) { s.obs.PreUpgradeJob = preUpgradeJob(to, "") }),
 			wantPending: true, wantAction: ActWait, wantMember: "pre-upgrade backup", wantTo: 0},
 		{name: "pre-upgrade backup failed: no member is touched", s: formed(3, from).upgradeTo(to).with(withBackup).with(func(s *scenario) { s.obs.PreUpgradeJob = preUpgradeJob(to, batchv1.JobFailed) }),
@@ -199,6 +208,18 @@ func TestPlanRollout(t *testing.T) {
 			if got.To != tt.wantTo {
 				t.Errorf("moves leadership to %d, want %d", got.To, tt.wantTo)
 			}
+			if tt.check != nil {
+				tt.check(t, got)
+			}
+			// A deletion carries the UID it was decided on, so it never hits a pod or volume that
+			// has been replaced since.
+			pod := tt.s.obs.Pods[got.Ordinal]
+			if (got.Action == ActRestartPod || got.Action == ActWipeLearner) && (got.PodUID == "" || got.PodUID != pod.UID) {
+				t.Errorf("deletes pod UID %q, want the observed %q", got.PodUID, pod.UID)
+			}
+			if got.Action == ActWipeLearner && (got.VolumeUID == "" || got.VolumeUID != pod.VolumeUID) {
+				t.Errorf("deletes volume UID %q, want the observed %q", got.VolumeUID, pod.VolumeUID)
+			}
 		})
 	}
 }
@@ -218,8 +239,8 @@ func TestDesiredMembershipFollowsEtcd(t *testing.T) {
 	// Without etcd's answer, what was written stays.
 	s.obs.Cluster = nil
 	s.obs.Membership = &m
-	three := int32(4)
-	s.obs.STSReplicas = &three
+	four := int32(4)
+	s.obs.STSReplicas = &four
 	if got, replicas := desiredMembership(s.kvc, s.obs); fmt.Sprint(got.Ordinals) != "[0 2 3]" || replicas != 4 {
 		t.Errorf("without etcd: %+v replicas %d", got, replicas)
 	}
