@@ -217,7 +217,6 @@ func (r *KVClusterReconciler) deleteGuard(ctx context.Context, namespace, name s
 // can never delete a pod (or volume) that has already been replaced.
 func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVCluster, ro plan.Rollout, endpoints []string, etcd *members.Cluster) (bool, error) {
 	name := specs.MemberName(kvc, ro.Ordinal)
-	var eventReason string
 	switch ro.Action {
 	case plan.ActWait:
 		return false, nil
@@ -235,25 +234,21 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		if err := r.Client.Apply(ctx, ro.Job, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 			return false, fmt.Errorf("apply pre-upgrade backup Job: %w", err)
 		}
-		eventReason = plan.EventPreUpgradeBackup
 
 	case plan.ActRestartPod:
 		if err := r.deletePod(ctx, kvc, name, ro.PodUID); err != nil {
 			return false, err
 		}
-		eventReason = plan.EventMemberRestarted
 
 	case plan.ActMoveLeader:
 		if err := r.Members.MoveLeader(ctx, specs.MemberClientURL(kvc, ro.Ordinal), ro.To); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
-		eventReason = plan.EventLeaderMoved
 
 	case plan.ActAddLearner:
 		if _, err := r.Members.AddLearner(ctx, endpoints, specs.MemberPeerURL(kvc, ro.Ordinal)); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
-		eventReason = plan.EventMemberAdded
 
 	case plan.ActPromote:
 		err := r.Members.Promote(ctx, endpoints, ro.MemberID)
@@ -263,7 +258,6 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		if err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
-		eventReason = plan.EventMemberPromoted
 
 	case plan.ActRemove:
 		// Through the other members: the one being removed answers "server stopped" even on success.
@@ -276,7 +270,6 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		if err := r.Members.Remove(ctx, others, ro.MemberID); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
-		eventReason = plan.EventMemberRemoved
 
 	case plan.ActWipeLearner:
 		// Only the volume of a learner that never started holds nothing the cluster needs.
@@ -292,10 +285,9 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		if err := r.deletePod(ctx, kvc, name, ro.PodUID); err != nil {
 			return false, err
 		}
-		eventReason = plan.EventMemberVolumeReset
 	}
-	log.FromContext(ctx).Info("rollout step", "action", eventReason, "member", name, "message", ro.Message)
-	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, eventReason, ro.Reason, "%s", ro.Message)
+	log.FromContext(ctx).Info("rollout step", "action", ro.Action.Event(), "member", name, "message", ro.Message)
+	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, ro.Action.Event(), ro.Reason, "%s", ro.Message)
 	return true, nil
 }
 

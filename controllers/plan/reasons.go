@@ -83,3 +83,12 @@ var stepEvents = map[kvv1.DeletionStepName]map[kvv1.DeletionOutcome]string{
 func StepEvent(step kvv1.DeletionStepName, outcome kvv1.DeletionOutcome) string {
 	return stepEvents[step][outcome]
 }
+
+// actionEvents are the reasons of the events announcing each rollout step.
+var actionEvents = map[Action]string{
+	ActPreUpgradeBackup: EventPreUpgradeBackup, ActRestartPod: EventMemberRestarted, ActMoveLeader: EventLeaderMoved,
+	ActAddLearner: EventMemberAdded, ActPromote: EventMemberPromoted, ActRemove: EventMemberRemoved, ActWipeLearner: EventMemberVolumeReset,
+}
+
+// Event is the reason of the event announcing the step; "" for ActWait.
+func (a Action) Event() string { return actionEvents[a] }
