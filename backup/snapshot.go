@@ -3,6 +3,7 @@ package backup
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -56,19 +57,30 @@ func (e *StoppedError) Unwrap() error { return e.Err }
 // --timeout and its activeDeadlineSeconds, and as terminationGracePeriodSeconds.
 const StopTimeout = 10 * time.Second
 
-// Take streams a snapshot of the healthiest member among endpoints to key in store, hashing it on
+// Etcd is how a backup reaches the members: their client URLs and, for a cluster with TLS, the
+// client certificate and CA (nil: plaintext).
+type Etcd struct {
+	Endpoints []string
+	TLS       *tls.Config
+}
+
+func (e Etcd) client(endpoints ...string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: e.TLS, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+}
+
+// Take streams a snapshot of the healthiest member among etcd's endpoints to key in store, hashing it on
 // the way, then reads the object back to verify it (deleting it if it differs), writes its
 // metadata beside it, and only then prunes older snapshots as the retention says. When ctx ends
 // first, the error is a *StoppedError.
-func Take(ctx context.Context, endpoints []string, store Store, key string, retention Retention, now func() time.Time) (res Result, err error) {
+func Take(ctx context.Context, etcd Etcd, store Store, key string, retention Retention, now func() time.Time) (res Result, err error) {
 	res = Result{StartTime: now().UTC(), Location: store.URI(key)}
-	doing := "connecting to etcd at " + strings.Join(endpoints, ",")
+	doing := "connecting to etcd at " + strings.Join(etcd.Endpoints, ",")
 	defer func() {
 		if err != nil && ctx.Err() != nil {
 			err = &StoppedError{Doing: doing, Err: err}
 		}
 	}()
-	member, err := pickMember(ctx, endpoints)
+	member, err := pickMember(ctx, etcd)
 	if err != nil {
 		return res, err
 	}
@@ -92,7 +104,7 @@ func Take(ctx context.Context, endpoints []string, store Store, key string, rete
 	}
 
 	doing = "starting a snapshot on member " + member.endpoint
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	cli, err := etcd.client(member.endpoint)
 	if err != nil {
 		return res, fmt.Errorf("connect to etcd member %s: %w", member.endpoint, err)
 	}
@@ -149,8 +161,9 @@ type memberChoice struct {
 
 // pickMember chooses the member to snapshot: a healthy one with the highest revision, a follower
 // rather than the leader when they tie, so the leader is spared the extra load.
-func pickMember(ctx context.Context, endpoints []string) (memberChoice, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+func pickMember(ctx context.Context, etcd Etcd) (memberChoice, error) {
+	endpoints := etcd.Endpoints
+	cli, err := etcd.client(endpoints...)
 	if err != nil {
 		return memberChoice{}, fmt.Errorf("connect to etcd (%s): %w", strings.Join(endpoints, ","), err)
 	}

@@ -103,7 +103,7 @@ func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
 
 			const key = "prod/kv/kv-29933460.db"
 			clock := func() time.Time { return time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC) }
-			res, err := Take(ctx, []string{"http://127.0.0.1:1", endpoint}, store, key, Retention{}, clock)
+			res, err := Take(ctx, Etcd{Endpoints: []string{"http://127.0.0.1:1", endpoint}}, store, key, Retention{}, clock)
 			if err != nil {
 				t.Fatalf("backup: %v", err)
 			}
@@ -166,7 +166,7 @@ func TestBackupUploadsARestorableSnapshotAndNeverOverwrites(t *testing.T) {
 			}
 
 			// A second backup to the same object is refused and leaves the first one intact.
-			if _, err = Take(ctx, []string{endpoint}, store, key, Retention{}, clock); !errors.Is(err, ErrObjectExists) {
+			if _, err = Take(ctx, Etcd{Endpoints: []string{endpoint}}, store, key, Retention{}, clock); !errors.Is(err, ErrObjectExists) {
 				t.Fatalf("second backup to the same key: %v, want ErrObjectExists", err)
 			}
 			if again := read(t, store, key); sha256.Sum256(again) != sha256.Sum256(data) {
@@ -186,20 +186,20 @@ func TestBackupErrorsSayWhatIsWrong(t *testing.T) {
 	bad := s3.config()
 	bad.SecretKey = "not-the-secret"
 	badStore, _ := NewS3Store(bad)
-	if _, err := Take(ctx, []string{endpoint}, badStore, "kv/wrong-secret.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
+	if _, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, badStore, "kv/wrong-secret.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
 		t.Errorf("wrong secret: %v", err)
 	}
 	noBucket := s3.config()
 	noBucket.Bucket = "missing"
 	noBucketStore, _ := NewS3Store(noBucket)
-	if _, err := Take(ctx, []string{endpoint}, noBucketStore, "kv/x.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
+	if _, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, noBucketStore, "kv/x.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
 		t.Errorf("missing bucket: %v", err)
 	}
-	if _, err := Take(ctx, []string{"http://127.0.0.1:1"}, s3.store(t), "kv/y.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
+	if _, err := Take(ctx, Etcd{Endpoints: []string{"http://127.0.0.1:1"}}, s3.store(t), "kv/y.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
 		t.Errorf("no member: %v", err)
 	}
 	unmounted := NewDirStore(filepath.Join(t.TempDir(), "not-mounted"), "backups")
-	if _, err := Take(ctx, []string{endpoint}, unmounted, "kv/z.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "not mounted") {
+	if _, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, unmounted, "kv/z.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "not mounted") {
 		t.Errorf("unmounted volume: %v", err)
 	}
 }
@@ -219,7 +219,7 @@ func TestRetentionPrunesOnlyOldScheduledSnapshots(t *testing.T) {
 			}
 			keep2 := Retention{KeepLast: 2, Cluster: "kv"}
 			for i := 1; i <= 4; i++ {
-				res, err := Take(ctx, []string{endpoint}, store, fmt.Sprintf("prod/kv/kv-%d.db", i), keep2, time.Now)
+				res, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, store, fmt.Sprintf("prod/kv/kv-%d.db", i), keep2, time.Now)
 				if err != nil {
 					t.Fatalf("backup %d: %v", i, err)
 				}
@@ -283,7 +283,7 @@ func TestNextBackupRemovesWhatKilledBackupsLeft(t *testing.T) {
 				t.Fatalf("a stalled write leaves %v, want one partial object", got)
 			}
 
-			res, err := Take(ctx, []string{endpoint}, store, "prod/kv/kv-2.db", Retention{}, time.Now)
+			res, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, store, "prod/kv/kv-2.db", Retention{}, time.Now)
 			if err != nil {
 				t.Fatalf("backup: %v", err)
 			}
@@ -292,7 +292,7 @@ func TestNextBackupRemovesWhatKilledBackupsLeft(t *testing.T) {
 			}
 
 			aDayLater := func() time.Time { return time.Now().Add(24*time.Hour + time.Minute) }
-			res, err = Take(ctx, []string{endpoint}, store, "prod/kv/kv-3.db", Retention{}, aDayLater)
+			res, err = Take(ctx, Etcd{Endpoints: []string{endpoint}}, store, "prod/kv/kv-3.db", Retention{}, aDayLater)
 			if err != nil {
 				t.Fatalf("backup a day later: %v", err)
 			}

@@ -46,11 +46,11 @@ func TestBackupThatFailsVerificationIsNotKept(t *testing.T) {
 			store := newStore(t)
 			endpoint := startEtcd(t, etcd, t.TempDir(), "verify")
 			keep1 := Retention{KeepLast: 1, Cluster: "kv"}
-			if _, err := Take(ctx, []string{endpoint}, store, "prod/kv/kv-1.db", keep1, time.Now); err != nil {
+			if _, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, store, "prod/kv/kv-1.db", keep1, time.Now); err != nil {
 				t.Fatalf("backup: %v", err)
 			}
 
-			_, err := Take(ctx, []string{endpoint}, corruptingReads{store}, "prod/kv/kv-2.db", keep1, time.Now)
+			_, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, corruptingReads{store}, "prod/kv/kv-2.db", keep1, time.Now)
 			uri := store.URI("prod/kv/kv-2.db")
 			for _, want := range []string{"verification failed", uri + " does not match what was written", "it was deleted"} {
 				if err == nil || !strings.Contains(err.Error(), want) {
@@ -63,7 +63,7 @@ func TestBackupThatFailsVerificationIsNotKept(t *testing.T) {
 			}
 
 			// The next good backup prunes the first; it is not confused by the broken one.
-			res, err := Take(ctx, []string{endpoint}, store, "prod/kv/kv-3.db", keep1, time.Now)
+			res, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, store, "prod/kv/kv-3.db", keep1, time.Now)
 			if err != nil || fmt.Sprint(res.Pruned) != "[prod/kv/kv-1.db]" {
 				t.Errorf("the next backup pruned %v (%v), want [prod/kv/kv-1.db]", res.Pruned, err)
 			}

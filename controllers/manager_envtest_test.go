@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"slices"
 	"strings"
@@ -35,6 +36,8 @@ type hangingMembers struct {
 	asked   chan struct{}
 	release chan struct{}
 }
+
+func (m *hangingMembers) WithTLS(*tls.Config) members.Client { return m }
 
 func (m *hangingMembers) Cluster(ctx context.Context, endpoints []string, _ func(members.Member) (string, bool)) (members.Cluster, error) {
 	if slices.ContainsFunc(endpoints, func(e string) bool { return strings.Contains(e, m.hang) }) {

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"os"
@@ -288,6 +289,9 @@ func (f *fakeMembers) set(c members.Cluster, err error) {
 	defer f.mu.Unlock()
 	f.cluster, f.err = c, err
 }
+
+// WithTLS: the fake stands for every cluster, with or without TLS.
+func (f *fakeMembers) WithTLS(*tls.Config) members.Client { return f }
 
 func (f *fakeMembers) Cluster(context.Context, []string, func(members.Member) (string, bool)) (members.Cluster, error) {
 	f.mu.Lock()

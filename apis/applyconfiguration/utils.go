@@ -46,6 +46,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.S3DestinationApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StorageSpec"):
 		return &apisv1alpha1.StorageSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("TLSSecretNames"):
+		return &apisv1alpha1.TLSSecretNamesApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("TLSSpec"):
+		return &apisv1alpha1.TLSSpecApplyConfiguration{}
 
 	}
 	return nil

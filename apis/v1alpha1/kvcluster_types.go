@@ -10,6 +10,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup (s3 or pvc): where the backups go"
 // +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
+// +kubebuilder:validation:XValidation:rule="(has(self.tls) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled')",message="tls.mode is set at creation: moving a running cluster between plaintext and TLS is not supported yet (create a new cluster restored from a backup)"
 type KVClusterSpec struct {
 	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
 	// etcd 3.6 and later are supported. Changing it starts a rolling upgrade, one member at a time.
@@ -59,6 +60,13 @@ type KVClusterSpec struct {
 	// +optional
 	Restore *RestoreSpec `json:"restore,omitempty"`
 
+	// TLS secures the members' client and peer traffic with mutual TLS: every client (the operator,
+	// backup Jobs, applications) presents a certificate from the cluster's CA, and members
+	// authenticate each other. Unset: plaintext. Set at creation.
+	//
+	// +optional
+	TLS *TLSSpec `json:"tls,omitempty"`
+
 	// Deregistration runs once on deletion, after the final backup and before the cluster goes,
 	// e.g. to remove it from a service registry. Its failure follows backup.onFinalBackupFailure
 	// (default: proceed with a Warning event).
@@ -96,6 +104,57 @@ type KVClusterSpec struct {
 	// +kubebuilder:validation:Minimum=30
 	// +kubebuilder:validation:Maximum=86400
 	ProgressDeadlineSeconds int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+// TLSMode is where a cluster's certificates come from.
+//
+// +kubebuilder:validation:Enum=Operator;Secrets;Disabled
+type TLSMode string
+
+const (
+	// TLSOperator: the operator creates a CA for the cluster and issues the members', its own and
+	// applications' certificates, in Secrets the cluster owns (<name>-tls-ca, -server, -peer,
+	// -client), and renews them.
+	TLSOperator TLSMode = "Operator"
+	// TLSSecrets: certificates come from Secrets you name, in the shape cert-manager writes
+	// (tls.crt, tls.key, ca.crt).
+	TLSSecrets TLSMode = "Secrets"
+	// TLSDisabled: plaintext.
+	TLSDisabled TLSMode = "Disabled"
+)
+
+// TLSSpec says where the certificates come from.
+//
+// +kubebuilder:validation:XValidation:rule="(self.mode == 'Secrets') == has(self.secrets)",message="tls.secrets is required with mode Secrets, and only then"
+type TLSSpec struct {
+	// Mode is Operator (certificates issued and renewed by the operator), Secrets (yours) or
+	// Disabled (plaintext).
+	//
+	// +required
+	Mode TLSMode `json:"mode"`
+
+	// Secrets names the Secrets holding tls.crt, tls.key and ca.crt (mode Secrets): server for the
+	// members' client port, peer between members (its certificate must allow both server and
+	// client authentication), client for the operator and backup Jobs.
+	//
+	// +optional
+	Secrets *TLSSecretNames `json:"secrets,omitempty"`
+}
+
+// TLSSecretNames are the names of the Secrets of mode Secrets, in the KVCluster's namespace.
+type TLSSecretNames struct {
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Server string `json:"server"`
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Peer string `json:"peer"`
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Client string `json:"client"`
 }
 
 // BackupSpec configures backups. Snapshots are written to the destination as

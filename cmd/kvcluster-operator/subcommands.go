@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvcluster/kvcluster-operator/backup"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 )
 
 // The programs the operator's pods run besides the manager. Each reports a failure as its
@@ -85,6 +87,9 @@ func signalContext(timeout time.Duration) (context.Context, context.CancelFunc) 
 func runBackup(args []string) int {
 	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
 	endpoints := fs.String("endpoints", "", "comma-separated client URLs of the etcd members")
+	caFile := fs.String("cacert", "", "CA certificate of a cluster with TLS (with --cert and --key)")
+	certFile := fs.String("cert", "", "client certificate")
+	keyFile := fs.String("key-file", "", "client certificate's key")
 	where := bindStore(fs)
 	key := fs.String("key", "", "object key of the snapshot")
 	var retention backup.Retention
@@ -103,9 +108,15 @@ func runBackup(args []string) int {
 	if err != nil {
 		return fail(*terminationLog, "backup", err)
 	}
+	etcd := backup.Etcd{Endpoints: strings.Split(*endpoints, ",")}
+	if *caFile != "" || *certFile != "" || *keyFile != "" {
+		if etcd.TLS, err = loadClientTLS(*caFile, *certFile, *keyFile); err != nil {
+			return fail(*terminationLog, "backup", err)
+		}
+	}
 	ctx, cancel := signalContext(*timeout)
 	defer cancel()
-	res, err := backup.Take(ctx, strings.Split(*endpoints, ","), store, *key, retention, time.Now)
+	res, err := backup.Take(ctx, etcd, store, *key, retention, time.Now)
 	for _, w := range res.Warnings {
 		fmt.Fprintln(os.Stderr, "warning:", w)
 	}
@@ -336,4 +347,21 @@ func withoutURL(err error, target *neturl.URL) error {
 		}
 	}
 	return errors.New(msg)
+}
+
+// loadClientTLS reads a cluster's client certificate, key and CA from the files of its mounted
+// Secret.
+func loadClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	var pems [3][]byte
+	for i, f := range []string{caFile, certFile, keyFile} {
+		if f == "" {
+			return nil, errors.New("--cacert, --cert and --key-file go together")
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", f, err)
+		}
+		pems[i] = data
+	}
+	return certs.ClientConfig(pems[0], pems[1], pems[2])
 }

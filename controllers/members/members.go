@@ -4,6 +4,7 @@ package members
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -125,6 +126,9 @@ type Client interface {
 	FenceWrites(ctx context.Context, endpoints []string) (int64, error)
 	// DisarmAlarm clears an alarm.
 	DisarmAlarm(ctx context.Context, endpoints []string, a Alarm) error
+	// WithTLS is the client for a cluster with TLS: it presents the cluster's client certificate
+	// and trusts only its CA (nil: plaintext).
+	WithTLS(config *tls.Config) Client
 }
 
 var (
@@ -162,6 +166,14 @@ const maxResponseBytes = 256 << 10
 type EtcdClient struct {
 	// Timeout bounds the whole query.
 	Timeout time.Duration
+	// TLS is the client configuration for a cluster with TLS; nil for plaintext.
+	TLS *tls.Config
+}
+
+// WithTLS returns a copy that speaks TLS with config.
+func (e EtcdClient) WithTLS(config *tls.Config) Client {
+	e.TLS = config
+	return e
 }
 
 // Cluster lists the members with a linearizable request (which only a quorum can answer), then
@@ -239,6 +251,7 @@ func (e EtcdClient) timeout() time.Duration {
 func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:          endpoints,
+		TLS:                e.TLS,
 		DialTimeout:        e.timeout(),
 		Logger:             zap.NewNop(),
 		Context:            ctx,

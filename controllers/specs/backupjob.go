@@ -148,6 +148,7 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 		// The program gives up before the Job's deadline kills it, so it can still say why.
 		fmt.Sprintf("--timeout=%ds", deadline-reportMargin(deadline, backup.StopTimeout)),
 	}, access.args...)
+	args = append(args, backupTLSArgs(kvc)...)
 	if run.Kind == BackupScheduled { // only scheduled backups prune: the others are kept for good
 		args = append(args, "--prune-cluster="+kvc.Name, fmt.Sprintf("--keep-last=%d", max(b.Retention.KeepLast, 1)))
 		if b.Retention.MaxAge != nil {
@@ -176,6 +177,10 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 	if access.volume != nil {
 		container.WithVolumeMounts(access.mount)
 		pod.WithVolumes(access.volume)
+	}
+	if TLSEnabled(kvc) {
+		container.WithVolumeMounts(tlsMountOf(TLSClient))
+		pod.WithVolumes(tlsVolume(kvc, TLSClient))
 	}
 	return batchv1ac.Job(run.Job, kvc.Namespace).
 		WithLabels(labels).

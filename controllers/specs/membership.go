@@ -91,13 +91,13 @@ func initialCluster(kvc *kvv1.KVCluster, ordinals []int) string {
 
 // MemberPeerURL is the peer URL the member with the given ordinal advertises.
 func MemberPeerURL(kvc *kvv1.KVCluster, ordinal int) string {
-	return fmt.Sprintf("http://%s:%d", memberHost(kvc, MemberName(kvc, ordinal)), PeerPort)
+	return fmt.Sprintf("%s://%s:%d", scheme(kvc), memberHost(kvc, MemberName(kvc, ordinal)), PeerPort)
 }
 
 // OrdinalOfPeerURL finds which member a peer URL belongs to; etcd knows an added member that has
 // not started yet only by its peer URL.
 func OrdinalOfPeerURL(kvc *kvv1.KVCluster, url string) (int, bool) {
-	host, _, _ := strings.Cut(strings.TrimPrefix(url, "http://"), ".")
+	host, _, _ := strings.Cut(strings.TrimPrefix(url, scheme(kvc)+"://"), ".")
 	if ord, ok := OrdinalOfMember(kvc, host); ok && MemberPeerURL(kvc, ord) == url {
 		return ord, true
 	}

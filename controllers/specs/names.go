@@ -63,7 +63,7 @@ func memberHost(kvc *kvv1.KVCluster, member string) string {
 
 // MemberClientURL is the URL of one member's client port.
 func MemberClientURL(kvc *kvv1.KVCluster, ordinal int) string {
-	return fmt.Sprintf("http://%s:%d", memberHost(kvc, MemberName(kvc, ordinal)), ClientPort)
+	return fmt.Sprintf("%s://%s:%d", scheme(kvc), memberHost(kvc, MemberName(kvc, ordinal)), ClientPort)
 }
 
 // MemberClientURLs lists the client URLs of all desired members.
@@ -77,7 +77,7 @@ func MemberClientURLs(kvc *kvv1.KVCluster) []string {
 
 // ClientEndpoint is the URL of the client Service.
 func ClientEndpoint(kvc *kvv1.KVCluster) string {
-	return fmt.Sprintf("http://%s.%s.svc:%d", ClientServiceName(kvc), kvc.Namespace, ClientPort)
+	return fmt.Sprintf("%s://%s.%s.svc:%d", scheme(kvc), ClientServiceName(kvc), kvc.Namespace, ClientPort)
 }
 
 // Image is the etcd image of the cluster's version.

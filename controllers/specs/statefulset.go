@@ -98,6 +98,9 @@ func podTemplate(kvc *kvv1.KVCluster, img Images, bootstrapping bool) *corev1ac.
 						WithTopologyKey(corev1.LabelHostname).
 						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
 			WithContainers(etcdContainer(kvc, img.EtcdRepository)))
+	if TLSEnabled(kvc) {
+		spec.Spec.WithVolumes(tlsVolume(kvc, TLSServer), tlsVolume(kvc, TLSPeer))
+	}
 	if kvc.Spec.Restore != nil && bootstrapping {
 		spec.Spec.WithInitContainers(restoreInitContainers(kvc, img)...).WithVolumes(restoreVolumes(kvc)...)
 	}
@@ -124,6 +127,9 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 		WithLivenessProbe(probe("/livez").WithPeriodSeconds(10).WithFailureThreshold(6)).
 		WithReadinessProbe(probe("/readyz").WithPeriodSeconds(5).WithFailureThreshold(3)).
 		WithSecurityContext(restrictedContainer())
+	if TLSEnabled(kvc) {
+		c.WithVolumeMounts(tlsMountOf(TLSServer), tlsMountOf(TLSPeer))
+	}
 	if r := kvc.Spec.Resources; len(r.Limits) > 0 || len(r.Requests) > 0 {
 		rr := corev1ac.ResourceRequirements()
 		if len(r.Limits) > 0 {
@@ -141,14 +147,15 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 // --experimental-* flag is used: etcd 3.7 removed them all and refuses to start with one. The
 // initial cluster and its state come from the environment (membershipEnv).
 func EtcdArgs(kvc *kvv1.KVCluster) []string {
-	self := selfHost(kvc)
-	return []string{
+	self, s := selfHost(kvc), scheme(kvc)
+	args := []string{
 		"--name=$(POD_NAME)",
 		"--data-dir=" + dataDir,
-		fmt.Sprintf("--listen-client-urls=http://0.0.0.0:%d", ClientPort),
-		fmt.Sprintf("--listen-peer-urls=http://0.0.0.0:%d", PeerPort),
+		fmt.Sprintf("--listen-client-urls=%s://0.0.0.0:%d", s, ClientPort),
+		fmt.Sprintf("--listen-peer-urls=%s://0.0.0.0:%d", s, PeerPort),
+		// Plain HTTP: the probes and metrics scrapers read it; it serves no keys.
 		fmt.Sprintf("--listen-metrics-urls=http://0.0.0.0:%d", MetricsPort),
-		fmt.Sprintf("--advertise-client-urls=http://%s:%d", self, ClientPort),
+		fmt.Sprintf("--advertise-client-urls=%s://%s:%d", s, self, ClientPort),
 		"--initial-advertise-peer-urls=" + selfPeerURL(kvc),
 		"--initial-cluster-token=" + clusterToken(kvc),
 		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(StorageSize(kvc)), 10),
@@ -156,6 +163,10 @@ func EtcdArgs(kvc *kvv1.KVCluster) []string {
 		"--auto-compaction-mode=periodic",
 		"--auto-compaction-retention=1h",
 	}
+	if TLSEnabled(kvc) {
+		args = append(args, etcdTLSArgs()...)
+	}
+	return args
 }
 
 // selfHost is the member's own DNS name, with $(POD_NAME) expanded by the kubelet.
@@ -164,7 +175,7 @@ func selfHost(kvc *kvv1.KVCluster) string {
 }
 
 func selfPeerURL(kvc *kvv1.KVCluster) string {
-	return fmt.Sprintf("http://%s:%d", selfHost(kvc), PeerPort)
+	return fmt.Sprintf("%s://%s:%d", scheme(kvc), selfHost(kvc), PeerPort)
 }
 
 // clusterToken keeps members of different clusters from ever joining each other.

@@ -243,6 +243,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.StorageSpec
       default: {}
+    - name: tls
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSSpec
     - name: version
       type:
         scalar: string
@@ -385,6 +388,29 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: storageClassName
       type:
         scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSMode
+  scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSSecretNames
+  map:
+    fields:
+    - name: client
+      type:
+        scalar: string
+    - name: peer
+      type:
+        scalar: string
+    - name: server
+      type:
+        scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSSpec
+  map:
+    fields:
+    - name: mode
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSMode
+    - name: secrets
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSSecretNames
 - name: io.k8s.api.core.v1.ResourceClaim
   map:
     fields:

@@ -35,6 +35,10 @@ type KVClusterSpecApplyConfiguration struct {
 	// is restored from the snapshot (after its checksum is verified) by the etcdutl of this
 	// cluster's version, before etcd starts. Fixed at creation.
 	Restore *RestoreSpecApplyConfiguration `json:"restore,omitempty"`
+	// TLS secures the members' client and peer traffic with mutual TLS: every client (the operator,
+	// backup Jobs, applications) presents a certificate from the cluster's CA, and members
+	// authenticate each other. Unset: plaintext. Set at creation.
+	TLS *TLSSpecApplyConfiguration `json:"tls,omitempty"`
 	// Deregistration runs once on deletion, after the final backup and before the cluster goes,
 	// e.g. to remove it from a service registry. Its failure follows backup.onFinalBackupFailure
 	// (default: proceed with a Warning event).
@@ -95,6 +99,14 @@ func (b *KVClusterSpecApplyConfiguration) WithBackup(value *BackupSpecApplyConfi
 // If called multiple times, the Restore field is set to the value of the last call.
 func (b *KVClusterSpecApplyConfiguration) WithRestore(value *RestoreSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
 	b.Restore = value
+	return b
+}
+
+// WithTLS sets the TLS field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the TLS field is set to the value of the last call.
+func (b *KVClusterSpecApplyConfiguration) WithTLS(value *TLSSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
+	b.TLS = value
 	return b
 }
 

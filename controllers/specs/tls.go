@@ -1,0 +1,137 @@
+package specs
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+// The parts of a cluster's TLS: its CA, the members' client-port (server) and peer certificates,
+// and the client certificate of the operator, backup Jobs and applications.
+const (
+	TLSCA     = "ca"
+	TLSServer = "server"
+	TLSPeer   = "peer"
+	TLSClient = "client"
+
+	// CACertKey is where a Secret of the cert-manager shape holds the CA's certificate.
+	CACertKey = "ca.crt"
+	// CAKeyKey holds the CA's key in the operator's CA Secret (never mounted into a pod).
+	CAKeyKey = "ca.key"
+
+	tlsMount = "/etc/etcd/tls"
+)
+
+// TLSEnabled: the cluster's client and peer traffic use mutual TLS.
+func TLSEnabled(kvc *kvv1.KVCluster) bool {
+	return kvc.Spec.TLS != nil && kvc.Spec.TLS.Mode != kvv1.TLSDisabled && kvc.Spec.TLS.Mode != ""
+}
+
+// TLSSecretName is the Secret holding a part of the cluster's TLS: the operator's own
+// (<name>-tls-<part>) or, in mode Secrets, the one the spec names. The CA has a Secret only in
+// mode Operator.
+func TLSSecretName(kvc *kvv1.KVCluster, part string) string {
+	if t := kvc.Spec.TLS; t != nil && t.Mode == kvv1.TLSSecrets && t.Secrets != nil {
+		switch part {
+		case TLSServer:
+			return t.Secrets.Server
+		case TLSPeer:
+			return t.Secrets.Peer
+		case TLSClient:
+			return t.Secrets.Client
+		}
+	}
+	return kvc.Name + "-tls-" + part
+}
+
+func scheme(kvc *kvv1.KVCluster) string {
+	if TLSEnabled(kvc) {
+		return "https"
+	}
+	return "http"
+}
+
+// ServerNames are the names a client may dial a member's client port by, which its certificate
+// covers: every member the cluster can have (so scaling needs no new certificate), the client
+// Service in each form, and the member itself from inside its pod.
+func ServerNames(kvc *kvv1.KVCluster) []string {
+	names := memberHosts(kvc)
+	svc := ClientServiceName(kvc)
+	return append(names, svc, svc+"."+kvc.Namespace, svc+"."+kvc.Namespace+".svc", "localhost", "127.0.0.1")
+}
+
+// PeerNames are the names members dial each other by.
+func PeerNames(kvc *kvv1.KVCluster) []string { return memberHosts(kvc) }
+
+func memberHosts(kvc *kvv1.KVCluster) []string {
+	names := make([]string, 0, MaxMembers)
+	for i := range MaxMembers {
+		names = append(names, memberHost(kvc, MemberName(kvc, i)))
+	}
+	return names
+}
+
+// ClientCommonName is the subject of the cluster's client certificate.
+func ClientCommonName(kvc *kvv1.KVCluster) string {
+	return "kvcluster-client." + kvc.Name + "." + kvc.Namespace
+}
+
+// TLSSecret is a Secret of operator-issued TLS material in the shape cert-manager writes
+// (kubernetes.io/tls: tls.crt, tls.key, ca.crt; the CA's adds ca.key). The cluster owns it, and
+// its guard while there is one: a final backup during a foreground deletion still needs the
+// client certificate, and restarting members their own.
+func TLSSecret(kvc *kvv1.KVCluster, part string, data map[string][]byte, guard types.UID) *corev1ac.SecretApplyConfiguration {
+	labels := Labels(kvc)
+	labels[TLSPartLabel] = part
+	return corev1ac.Secret(TLSSecretName(kvc, part), kvc.Namespace).
+		WithLabels(labels).
+		WithOwnerReferences(Owners(kvc, guard)...).
+		WithType(corev1.SecretTypeTLS).
+		WithData(data)
+}
+
+// TLSPartLabel says which part of a cluster's TLS an operator-issued Secret holds.
+const TLSPartLabel = "kvcluster.io/tls"
+
+// tlsVolume mounts a part's Secret (read-only, owner-readable by the pod's group: Secret volumes
+// are updated in place when it is renewed; etcd reads certificate files on every handshake).
+func tlsVolume(kvc *kvv1.KVCluster, part string) *corev1ac.VolumeApplyConfiguration {
+	return corev1ac.Volume().WithName("tls-" + part).WithSecret(corev1ac.SecretVolumeSource().
+		WithSecretName(TLSSecretName(kvc, part)).WithDefaultMode(0o440))
+}
+
+func tlsMountOf(part string) *corev1ac.VolumeMountApplyConfiguration {
+	return corev1ac.VolumeMount().WithName("tls-" + part).WithMountPath(tlsMount + "/" + part).WithReadOnly(true)
+}
+
+// tlsFile is the path of a key of a part's Secret where it is mounted.
+func tlsFile(part, key string) string { return fmt.Sprintf("%s/%s/%s", tlsMount, part, key) }
+
+// etcdTLSArgs are the member's TLS flags: certificates for both ports, and a client certificate
+// from the cluster's CA required on both.
+func etcdTLSArgs() []string {
+	return []string{
+		"--cert-file=" + tlsFile(TLSServer, corev1.TLSCertKey),
+		"--key-file=" + tlsFile(TLSServer, corev1.TLSPrivateKeyKey),
+		"--trusted-ca-file=" + tlsFile(TLSServer, CACertKey),
+		"--client-cert-auth",
+		"--peer-cert-file=" + tlsFile(TLSPeer, corev1.TLSCertKey),
+		"--peer-key-file=" + tlsFile(TLSPeer, corev1.TLSPrivateKeyKey),
+		"--peer-trusted-ca-file=" + tlsFile(TLSPeer, CACertKey),
+		"--peer-client-cert-auth",
+	}
+}
+
+// backupTLSArgs are the flags with which the backup program finds the client certificate, which
+// the Job mounts; none without TLS.
+func backupTLSArgs(kvc *kvv1.KVCluster) []string {
+	if !TLSEnabled(kvc) {
+		return nil
+	}
+	return []string{"--cacert=" + tlsFile(TLSClient, CACertKey), "--cert=" + tlsFile(TLSClient, corev1.TLSCertKey),
+		"--key-file=" + tlsFile(TLSClient, corev1.TLSPrivateKeyKey)}
+}
