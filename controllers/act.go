@@ -23,6 +23,7 @@ import (
 
 	kvv1ac "github.com/kvcluster/kvcluster-operator/apis/applyconfiguration/apis/v1alpha1"
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
@@ -35,14 +36,14 @@ import (
 // and backups still run. An apply the API server refuses for good is itself observed, and the
 // cluster planned again with it. Transient errors are returned at the end, so the reconcile is
 // retried with backoff.
-func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs plan.Observation, p plan.Plan, now time.Time) (ctrl.Result, error) {
+func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs plan.Observation, p plan.Plan, now time.Time, etcd members.Client) (ctrl.Result, error) {
 	if err := r.adoptClaims(ctx, kvc, p.AdoptClaims); err != nil {
 		return ctrl.Result{}, err
 	}
 	var applyErr error
 	if p.Children != nil {
 		var notOwned *notOwnedError
-		switch err := r.applyChildren(ctx, kvc, p.Guard, *p.Children); {
+		switch err := r.applyChildren(ctx, kvc, p.Guard, p.TLS, *p.Children, now); {
 		case errors.As(err, &notOwned):
 			obs.ForeignChildren = append(obs.ForeignChildren, notOwned.what)
 			p = plan.Make(kvc, obs, now, r.planConfig())
@@ -56,11 +57,11 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	acted := false
 	if p.Rollout.Action != plan.ActWait && applyErr == nil { // a rollout step waits for the objects it builds on
 		var err error
-		if acted, err = r.rolloutStep(ctx, kvc, p.Rollout, p.Endpoints, obs.Cluster); err != nil {
+		if acted, err = r.rolloutStep(ctx, kvc, etcd, p.Rollout, p.Endpoints, obs.Cluster); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-	if disarmed := r.disarm(ctx, kvc, p.Disarm, p.Endpoints); disarmed {
+	if disarmed := r.disarm(ctx, kvc, etcd, p.Disarm, p.Endpoints); disarmed {
 		acted = true
 	}
 	if err := r.backupJobs(ctx, kvc, p.Backups); err != nil {
@@ -130,7 +131,7 @@ func (r *KVClusterReconciler) adoptClaims(ctx context.Context, kvc *kvv1.KVClust
 // applyChildren applies every object the cluster owns. The guard goes first (what the deletion
 // steps need names it as an owner), the membership ConfigMap before the StatefulSet, whose pods
 // read it when they start; a guard no longer wanted goes last, once nothing names it.
-func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, wantGuard bool, ch plan.Children) error {
+func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVCluster, wantGuard bool, tls plan.TLS, ch plan.Children, now time.Time) error {
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: kvc.Namespace, Name: name} }
 	var guard types.UID
 	if wantGuard {
@@ -138,6 +139,9 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 		if guard, err = r.applyGuard(ctx, kvc); err != nil {
 			return err
 		}
+	}
+	if err := r.applyTLS(ctx, kvc, tls, guard, now); err != nil {
+		return err
 	}
 	if err := applyOwned(ctx, r.Client, kvc, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
 		return err
@@ -160,6 +164,45 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	}
 	if !wantGuard {
 		return r.deleteGuard(ctx, kvc.Namespace, kvc.Name, kvc.UID)
+	}
+	return nil
+}
+
+// applyTLS keeps the cluster's TLS Secrets (mode Operator), issuing what the plan says: the CA
+// first, then each certificate from it. A Secret is applied whole, with the data it holds, so a
+// new owner (the guard) never drops its keys.
+func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster, tls plan.TLS, guard types.UID, now time.Time) error {
+	var ca certs.CA
+	for _, part := range tls.Parts {
+		data := part.Data
+		switch {
+		case part.Part == specs.TLSCA && part.Issue:
+			var err error
+			if ca, err = certs.NewCA("kvcluster-ca."+kvc.Name+"."+kvc.Namespace, now, plan.CAValidity); err != nil {
+				return fmt.Errorf("create the CA of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
+			}
+			data = map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, specs.CACertKey: ca.CertPEM}
+		case part.Part == specs.TLSCA:
+			var err error
+			if ca, err = certs.ParseCA(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey]); err != nil {
+				return fmt.Errorf("the CA of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
+			}
+		case part.Issue:
+			leaf, err := ca.Issue(part.Usage, part.Names, now, plan.LeafValidity)
+			if err != nil {
+				return fmt.Errorf("issue the %s certificate of KVCluster %s/%s: %w", part.Part, kvc.Namespace, kvc.Name, err)
+			}
+			data = map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, specs.CACertKey: ca.CertPEM}
+		}
+		name := specs.TLSSecretName(kvc, part.Part)
+		if err := applyOwned(ctx, r.Client, kvc, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &corev1.Secret{},
+			specs.TLSSecret(kvc, part.Part, data, guard), corev1ac.ExtractSecret); err != nil {
+			return err
+		}
+		if part.Issue {
+			r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventCertificateIssued, "Certificates",
+				"issued the %s certificate in Secret %s: %s", part.Part, name, part.Why)
+		}
 	}
 	return nil
 }
@@ -215,7 +258,7 @@ func (r *KVClusterReconciler) deleteGuard(ctx context.Context, namespace, name s
 // rolloutStep carries out one rollout step and announces it. It reports whether it changed
 // anything. Deletions carry the UID the decision was made on, so a decision taken on a stale cache
 // can never delete a pod (or volume) that has already been replaced.
-func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVCluster, ro plan.Rollout, endpoints []string, etcd *members.Cluster) (bool, error) {
+func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVCluster, etcd members.Client, ro plan.Rollout, endpoints []string, view *members.Cluster) (bool, error) {
 	name := specs.MemberName(kvc, ro.Ordinal)
 	switch ro.Action {
 	case plan.ActWait:
@@ -241,17 +284,17 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		}
 
 	case plan.ActMoveLeader:
-		if err := r.Members.MoveLeader(ctx, specs.MemberClientURL(kvc, ro.Ordinal), ro.To); err != nil {
+		if err := etcd.MoveLeader(ctx, specs.MemberClientURL(kvc, ro.Ordinal), ro.To); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 
 	case plan.ActAddLearner:
-		if _, err := r.Members.AddLearner(ctx, endpoints, specs.MemberPeerURL(kvc, ro.Ordinal)); err != nil {
+		if _, err := etcd.AddLearner(ctx, endpoints, specs.MemberPeerURL(kvc, ro.Ordinal)); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 
 	case plan.ActPromote:
-		err := r.Members.Promote(ctx, endpoints, ro.MemberID)
+		err := etcd.Promote(ctx, endpoints, ro.MemberID)
 		if errors.Is(err, members.ErrLearnerNotReady) {
 			return false, nil // etcd says it is still behind; look again soon
 		}
@@ -267,13 +310,13 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 				others = append(others, u)
 			}
 		}
-		if err := r.Members.Remove(ctx, others, ro.MemberID); err != nil {
+		if err := etcd.Remove(ctx, others, ro.MemberID); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 
 	case plan.ActWipeLearner:
 		// Only the volume of a learner that never started holds nothing the cluster needs.
-		if !unstartedLearner(etcd, ro.MemberID) {
+		if !unstartedLearner(view, ro.MemberID) {
 			return false, fmt.Errorf("refusing to reset the volume of %s: etcd member %x is not a learner that has not started", name, ro.MemberID)
 		}
 		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: specs.DataClaimName(kvc, ro.Ordinal)}}
@@ -335,9 +378,9 @@ func ignoreGone(err error) error {
 
 // disarm clears the stale alarms the plan names; one etcd does not clear yet is tried again on
 // the next reconcile. It reports whether there were any.
-func (r *KVClusterReconciler) disarm(ctx context.Context, kvc *kvv1.KVCluster, alarms []members.Alarm, endpoints []string) bool {
+func (r *KVClusterReconciler) disarm(ctx context.Context, kvc *kvv1.KVCluster, etcd members.Client, alarms []members.Alarm, endpoints []string) bool {
 	for _, a := range alarms {
-		if err := r.Members.DisarmAlarm(ctx, endpoints, a); err != nil {
+		if err := etcd.DisarmAlarm(ctx, endpoints, a); err != nil {
 			log.FromContext(ctx).Info("cannot disarm a stale alarm yet", "alarm", a.Type, "member", fmt.Sprintf("%x", a.MemberID), "error", err.Error())
 			return false
 		}

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -34,7 +35,7 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, cached *kvv1.KVClust
 	if !slices.Contains(cached.Finalizers, kvv1.FinalizerFinalBackup) {
 		return ctrl.Result{}, nil
 	}
-	kvc, obs, err := r.observeDeletion(ctx, cached)
+	kvc, obs, etcd, err := r.observeDeletion(ctx, cached)
 	if err != nil || kvc == nil {
 		return ctrl.Result{}, err
 	}
@@ -44,7 +45,7 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, cached *kvv1.KVClust
 		if p.Action == nil {
 			break
 		}
-		if err := r.deletionAction(ctx, kvc, *p.Action, &obs); err != nil {
+		if err := r.deletionAction(ctx, kvc, etcd, *p.Action, &obs); err != nil {
 			// What the earlier steps did is kept (a fence is not raised twice); this one is retried.
 			err = errors.Join(err, applyStatus(ctx, r.Client, kvc, p.Status))
 			r.announceDeletion(ctx, kvc, p)
@@ -89,7 +90,7 @@ func (r *KVClusterReconciler) announceDeletion(ctx context.Context, kvc *kvv1.KV
 // deletionAction carries out what the first unfinished deletion step needs and adds its outcome
 // to what the pass observed. Only a drain the API server refuses is returned as an error; what
 // etcd or the API server answer to the other steps is their outcome.
-func (r *KVClusterReconciler) deletionAction(ctx context.Context, kvc *kvv1.KVCluster, a plan.DeletionAction, obs *plan.DeletionObservation) error {
+func (r *KVClusterReconciler) deletionAction(ctx context.Context, kvc *kvv1.KVCluster, etcd members.Client, a plan.DeletionAction, obs *plan.DeletionObservation) error {
 	acted := &obs.Acted
 	switch a.Kind {
 	case plan.DrainClients:
@@ -98,7 +99,7 @@ func (r *KVClusterReconciler) deletionAction(ctx context.Context, kvc *kvv1.KVCl
 		}
 		obs.DrainedAt = &a.DrainedAt
 	case plan.FenceWrites:
-		revision, err := r.Members.FenceWrites(ctx, specs.MemberClientURLs(kvc))
+		revision, err := etcd.FenceWrites(ctx, specs.MemberClientURLs(kvc))
 		acted.Fenced = &plan.Fence{Revision: revision, Err: err}
 	case plan.StartJob:
 		if acted.Started == nil {

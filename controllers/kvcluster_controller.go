@@ -60,6 +60,7 @@ func CacheOptions() cache.Options {
 		// Members' claims carry the labels of the StatefulSet's claim template.
 		&corev1.PersistentVolumeClaim{}: owned,
 		&corev1.ConfigMap{}:             owned,
+		&corev1.Secret{}:                owned,
 	}}
 }
 
@@ -78,6 +79,9 @@ func CacheOptions() cache.Options {
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// The cluster's TLS Secrets (the cache holds only the operator's own; a Secret a KVCluster names
+// is read by name).
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
 
 // Reconcile reads as a story: load the cluster; hold the deletion finalizer whenever deletion has
 // steps to run; observe everything once (observe.go); decide everything in one pure function
@@ -101,11 +105,11 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 	}
 	now := r.Clock.Now()
-	obs, err := r.observe(ctx, &kvc)
+	obs, etcd, err := r.observe(ctx, &kvc)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	return r.act(ctx, &kvc, obs, plan.Make(&kvc, obs, now, r.planConfig()), now)
+	return r.act(ctx, &kvc, obs, plan.Make(&kvc, obs, now, r.planConfig()), now, etcd)
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
@@ -126,6 +130,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&corev1.ConfigMap{}).
 		Owns(&batchv1.Job{}).
+		Owns(&corev1.Secret{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Named("kvcluster").
 		Complete(r)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
@@ -25,8 +26,11 @@ import (
 // observe reads, once per reconcile and before anything is decided, what Kubernetes (from the
 // cache; from the API server only what the cache cannot hold) and etcd (live) say about the
 // cluster. It writes nothing.
-func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) (plan.Observation, error) {
+// It returns the client that speaks to the cluster's members (with its client certificate when
+// the cluster has TLS).
+func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) (plan.Observation, members.Client, error) {
 	obs := plan.Observation{Pods: map[int]plan.Pod{}}
+	etcd := r.Members
 	var sts appsv1.StatefulSet
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts); {
 	case err == nil:
@@ -35,10 +39,10 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		obs.STSReplicas = sts.Spec.Replicas
 		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
 	case !apierrors.IsNotFound(err):
-		return obs, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)
+		return obs, nil, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
 	if err := r.observePods(ctx, kvc, &sts, &obs); err != nil {
-		return obs, err
+		return obs, nil, err
 	}
 
 	var cm corev1.ConfigMap
@@ -48,36 +52,79 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 			obs.Membership = &m
 		}
 	case !apierrors.IsNotFound(err):
-		return obs, fmt.Errorf("get ConfigMap %s/%s: %w", kvc.Namespace, cm.Name, err)
+		return obs, nil, fmt.Errorf("get ConfigMap %s/%s: %w", kvc.Namespace, cm.Name, err)
 	}
 
 	var err error
 	if kvc.Spec.Backup != nil {
 		if obs.Jobs, obs.PreUpgradeJob, err = r.observeJobs(ctx, kvc); err != nil {
-			return obs, err
+			return obs, nil, err
 		}
 	}
 	if obs.ForeignChildren, obs.STSForeign, err = r.foreignChildren(ctx, kvc); err != nil {
-		return obs, err
+		return obs, nil, err
 	}
 	if obs.LeftoverClaims, err = r.leftoverClaims(ctx, kvc, obs); err != nil {
-		return obs, err
+		return obs, nil, err
 	}
 
+	if obs.TLS, err = r.observeTLS(ctx, kvc, &obs); err != nil {
+		return obs, nil, err
+	}
+	if specs.TLSEnabled(kvc) {
+		client := obs.TLS[specs.TLSClient]
+		config, err := certs.ClientConfig(client[specs.CACertKey], client[corev1.TLSCertKey], client[corev1.TLSPrivateKeyKey])
+		if err != nil {
+			obs.EtcdErr = fmt.Errorf("no usable client certificate in Secret %s yet: %w", specs.TLSSecretName(kvc, specs.TLSClient), err)
+			return obs, etcd, nil
+		}
+		etcd = r.Members.WithTLS(config)
+	}
 	if sts.Status.Replicas == 0 && len(obs.Pods) == 0 {
 		obs.EtcdErr = fmt.Errorf("no member pods exist yet")
-		return obs, nil
+		return obs, etcd, nil
 	}
-	cluster, err := r.Members.Cluster(ctx, obs.ClientURLs(kvc), func(m members.Member) (string, bool) {
+	cluster, err := etcd.Cluster(ctx, obs.ClientURLs(kvc), func(m members.Member) (string, bool) {
 		ord, ok := plan.MemberOrdinal(kvc, m)
 		return specs.MemberClientURL(kvc, ord), ok
 	})
 	if err != nil {
 		obs.EtcdErr = err
-		return obs, nil
+		return obs, etcd, nil
 	}
 	obs.Cluster = &cluster
-	return obs, nil
+	return obs, etcd, nil
+}
+
+// observeTLS reads the cluster's TLS Secrets: the operator's own (a Secret under their name that
+// the cluster does not control is someone else's, never written), or those the spec names.
+func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluster, obs *plan.Observation) (map[string]map[string][]byte, error) {
+	if !specs.TLSEnabled(kvc) {
+		return nil, nil
+	}
+	parts := []string{specs.TLSServer, specs.TLSPeer, specs.TLSClient}
+	operator := kvc.Spec.TLS.Mode == kvv1.TLSOperator
+	if operator {
+		parts = append([]string{specs.TLSCA}, parts...)
+	}
+	out := map[string]map[string][]byte{}
+	for _, part := range parts {
+		var secret corev1.Secret
+		name := specs.TLSSecretName(kvc, part)
+		found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &secret)
+		if err != nil || !found {
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if operator && !controlledBy(&secret, kvc) {
+			obs.ForeignChildren = append(obs.ForeignChildren, "Secret "+name+" ("+ownerOf(&secret)+")")
+			continue
+		}
+		out[part] = secret.Data
+	}
+	return out, nil
 }
 
 // observePods reads the member pods and the data claims they run on.
@@ -245,32 +292,45 @@ func (r *KVClusterReconciler) leftoverClaims(ctx context.Context, kvc *kvv1.KVCl
 // (a cache lagging behind the last pass's status write would run a step again: drain and fence
 // twice, announce twice), its namespace, guard, members, client Service and the steps' Jobs. It
 // returns a nil KVCluster when it is gone.
-func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.KVCluster) (*kvv1.KVCluster, plan.DeletionObservation, error) {
+func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.KVCluster) (*kvv1.KVCluster, plan.DeletionObservation, members.Client, error) {
 	var obs plan.DeletionObservation
 	kvc := &kvv1.KVCluster{}
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), kvc); err != nil {
-		return nil, obs, client.IgnoreNotFound(err)
+		return nil, obs, nil, client.IgnoreNotFound(err)
+	}
+	// The fence speaks to the members with the cluster's client certificate; without a usable
+	// one it fails, and the final backup goes on unfenced, saying so.
+	etcd := r.Members
+	if specs.TLSEnabled(kvc) {
+		secrets, err := r.observeTLS(ctx, kvc, &plan.Observation{})
+		if err != nil {
+			return nil, obs, nil, err
+		}
+		c := secrets[specs.TLSClient]
+		if config, err := certs.ClientConfig(c[specs.CACertKey], c[corev1.TLSCertKey], c[corev1.TLSPrivateKeyKey]); err == nil {
+			etcd = r.Members.WithTLS(config)
+		}
 	}
 	var err error
 	if obs.NamespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
-		return nil, obs, err
+		return nil, obs, nil, err
 	}
 	var guard corev1.ConfigMap
 	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {
-		return nil, obs, err
+		return nil, obs, nil, err
 	} else if found && guard.Labels[specs.ClusterUIDLabel] == string(kvc.UID) {
 		obs.Guard = guard.UID
 	}
 	if obs.Orphaning, err = r.orphaning(ctx, kvc); err != nil {
-		return nil, obs, err
+		return nil, obs, nil, err
 	}
 	if obs.OwnMembers, err = r.hasOwnMembers(ctx, kvc, obs.Guard); err != nil {
-		return nil, obs, err
+		return nil, obs, nil, err
 	}
 	var svc corev1.Service
 	found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.ClientServiceName(kvc)}, &svc)
 	if err != nil {
-		return nil, obs, err
+		return nil, obs, nil, err
 	}
 	if at, err := time.Parse(time.RFC3339, svc.Annotations[specs.DrainedAtAnnotation]); found && err == nil {
 		obs.DrainedAt = &at
@@ -287,7 +347,7 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	for step, name := range steps {
 		job := &batchv1.Job{}
 		if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job); err != nil {
-			return nil, obs, err
+			return nil, obs, nil, err
 		} else if !found {
 			continue
 		}
@@ -301,13 +361,13 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 			// step that blocks the deletion is decided again from it on every pass.
 			report, err := r.jobReport(ctx, job, true)
 			if err != nil {
-				return nil, obs, err
+				return nil, obs, nil, err
 			}
 			sj.Report = report
 		}
 		obs.Jobs[name] = sj
 	}
-	return kvc, obs, nil
+	return kvc, obs, etcd, nil
 }
 
 // orphaning reports a deletion with --cascade=orphan: the API server sets the orphan finalizer,

@@ -51,6 +51,13 @@ type Observation struct {
 	STSForeign bool
 	// ApplyRejected is why the API server refused to apply the cluster's objects.
 	ApplyRejected string
+
+	// TLS is the data of the cluster's TLS Secrets that exist, by part (specs.TLSCA, TLSServer,
+	// TLSPeer, TLSClient).
+	TLS map[string]map[string][]byte
+
+	// tlsProblem is why the cluster cannot use its certificates (see planTLS).
+	tlsProblem string
 }
 
 // Pod is what Kubernetes says about one member's pod.
@@ -144,7 +151,7 @@ func (o Observation) quorumLost() bool { return o.Cluster == nil || !o.Cluster.H
 
 // conflicted: the cluster needs objects that are someone else's; nothing is written but status.
 func (o Observation) conflicted() bool {
-	return len(o.ForeignChildren) > 0 || len(o.LeftoverClaims) > 0
+	return len(o.ForeignChildren) > 0 || len(o.LeftoverClaims) > 0 || o.tlsProblem != ""
 }
 
 // summary is a one-line account of the members for condition messages.

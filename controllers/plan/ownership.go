@@ -30,6 +30,9 @@ func blockedVerdict(kvc *kvv1.KVCluster, obs Observation) (verdict, bool) {
 				"its members would silently start on their data. Delete them (kubectl delete pvc -n %s %s) to start empty, "+
 				"or annotate the KVCluster %s=true to start on that data",
 			strings.Join(obs.LeftoverClaims, ", "), kvc.Namespace, strings.Join(obs.LeftoverClaims, " "), kvv1.AnnotationAdoptVolumes), pollWhileFailed}, true
+	case obs.tlsProblem != "":
+		return verdict{kvv1.PhaseFailed, ReasonTLSInvalid, "the cluster's TLS certificates cannot be used, so nothing is written: " +
+			obs.tlsProblem, pollWhileFailed}, true
 	case obs.ApplyRejected != "":
 		return verdict{kvv1.PhaseFailed, ReasonApplyRejected, "the API server refused to apply this cluster's objects: " + obs.ApplyRejected +
 			". Fix the cause (an admission policy, a quota, the operator's permissions) or the spec; the operator retries", pollWhileFailed}, true

@@ -28,6 +28,8 @@ type Plan struct {
 	Guard bool
 	// AdoptClaims are leftover volume claims the user asked to adopt (kvcluster.io/adopt-volumes).
 	AdoptClaims []string
+	// TLS are the cluster's certificates to keep, issue or renew.
+	TLS TLS
 	// Children are the objects the cluster owns; nil when they may not be written.
 	Children *Children
 	// Rollout is the one change to make to the running members; Action is ActWait when none.
@@ -72,6 +74,8 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		// annotation is gone; they are no conflict now.
 		p.AdoptClaims, obs.LeftoverClaims = obs.LeftoverClaims, nil
 	}
+	p.TLS = planTLS(kvc, obs, now)
+	obs.tlsProblem = p.TLS.Problem
 	if !obs.conflicted() {
 		membership, replicas := desiredMembership(kvc, obs)
 		p.Children = &Children{
@@ -101,6 +105,9 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	p.Backups, events, untilBackup = planBackups(kvc, obs, &st, now, cfg.Images.Operator)
 	if untilBackup > 0 && untilBackup < p.RequeueAfter {
 		p.RequeueAfter = untilBackup
+	}
+	if renew := p.TLS.NextRenewal(); !renew.IsZero() && renew.Sub(now) < p.RequeueAfter {
+		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
 	p.Status = st
 	p.Events = append(phaseEvents(kvc, v), events...)

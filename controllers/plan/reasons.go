@@ -28,6 +28,7 @@ const (
 	ReasonObjectConflict  = "ObjectConflict"
 	ReasonLeftoverVolumes = "LeftoverVolumes"
 	ReasonApplyRejected   = "ApplyRejected"
+	ReasonTLSInvalid      = "TLSInvalid"
 )
 
 // Reasons of the BackupSucceeded condition, also used for the events announcing a backup.
@@ -51,6 +52,7 @@ const (
 	EventMembershipChangeFailed = "MembershipChangeFailed"
 	EventStaleAlarmDisarmed     = "StaleAlarmDisarmed"
 	EventVolumeAdopted          = "VolumeAdopted"
+	EventCertificateIssued      = "CertificateIssued"
 
 	// The deletion steps.
 	EventDrainStarted            = "DrainStarted"
@@ -65,10 +67,11 @@ const (
 )
 
 // warningReasons are verdicts that need a person even when the phase stays the same.
-var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true}
+var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true,
+	ReasonTLSInvalid: true}
 
 // blockingReasons are the verdicts of blockedVerdict: they end by themselves once the cause is gone.
-var blockingReasons = map[string]bool{ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true}
+var blockingReasons = map[string]bool{ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true, ReasonTLSInvalid: true}
 
 // stepEvents are the reasons of the events a deletion step's Job gives as it starts and ends.
 var stepEvents = map[kvv1.DeletionStepName]map[kvv1.DeletionOutcome]string{

@@ -1,0 +1,147 @@
+package plan
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// How long what the operator issues is valid. Leaves are renewed two thirds into their lifetime,
+// from the same CA: etcd reads certificate files on every handshake, so no member restarts.
+const (
+	CAValidity   = 10 * 365 * 24 * time.Hour
+	LeafValidity = 90 * 24 * time.Hour
+)
+
+// TLSPart is one part of a cluster's TLS as it is decided: what it is for, the names its
+// certificate must cover, and (mode Operator) the data its Secret holds.
+type TLSPart struct {
+	Part  string
+	Usage certs.Usage
+	Names []string
+	// Data is the Secret's data to apply; nil when Issue is set (act issues it).
+	Data map[string][]byte
+	// Issue: a certificate is issued (or renewed) for this part; Why says why.
+	Issue bool
+	Why   string
+}
+
+// TLS is what a reconcile does about a cluster's certificates.
+type TLS struct {
+	// Parts are the operator's Secrets to apply (mode Operator), the CA first.
+	Parts []TLSPart
+	// Problem says why the cluster cannot use its certificates; nothing is written then.
+	Problem string
+}
+
+// tlsParts are the leaf parts and what each certificate is for.
+func tlsParts(kvc *kvv1.KVCluster) []TLSPart {
+	return []TLSPart{
+		{Part: specs.TLSServer, Usage: certs.Server, Names: specs.ServerNames(kvc)},
+		{Part: specs.TLSPeer, Usage: certs.Peer, Names: specs.PeerNames(kvc)},
+		{Part: specs.TLSClient, Usage: certs.Client, Names: []string{specs.ClientCommonName(kvc)}},
+	}
+}
+
+// planTLS checks the cluster's certificates: in mode Operator it issues what is missing and
+// renews what is due; in mode Secrets it checks the given Secrets fit (the keys, the CA, the
+// names every member and client use, the usage, the dates). The CA is never replaced on a
+// cluster that formed: members load it once, at start, and a new one would cut them off.
+func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
+	if !specs.TLSEnabled(kvc) {
+		return TLS{}
+	}
+	if kvc.Spec.TLS.Mode == kvv1.TLSSecrets {
+		for _, p := range tlsParts(kvc) {
+			if p.Part == specs.TLSClient {
+				p.Names = nil // whoever it names, etcd asks only that the cluster's CA issued it
+			}
+			if why := checkPart(obs.TLS[p.Part], p, now); why != "" {
+				return TLS{Problem: fmt.Sprintf("Secret %s (%s certificate) %s", specs.TLSSecretName(kvc, p.Part), p.Part, why)}
+			}
+		}
+		return TLS{}
+	}
+	var out TLS
+	ca, hasCA := obs.TLS[specs.TLSCA]
+	_, caErr := certs.ParseCA(ca[corev1.TLSCertKey], ca[corev1.TLSPrivateKeyKey])
+	switch {
+	case hasCA && caErr == nil:
+		out.Parts = append(out.Parts, TLSPart{Part: specs.TLSCA, Data: ca})
+	case bootstrapped(kvc, obs):
+		what := "is missing"
+		if hasCA {
+			what = "is not a usable CA (" + caErr.Error() + ")"
+		}
+		return TLS{Problem: fmt.Sprintf("the cluster's CA Secret %s %s, and its members trust only the CA they started with: "+
+			"restore the Secret (e.g. from your backup of the namespace's Secrets); a new CA would cut the members off from each other",
+			specs.TLSSecretName(kvc, specs.TLSCA), what)}
+	default:
+		out.Parts = append(out.Parts, TLSPart{Part: specs.TLSCA, Issue: true, Why: "the cluster has no CA yet"})
+	}
+	newCA := out.Parts[0].Issue
+	for _, p := range tlsParts(kvc) {
+		data, has := obs.TLS[p.Part]
+		switch why := checkPart(data, p, now); {
+		case newCA:
+			p.Issue, p.Why = true, "issued by the new CA"
+		case !has:
+			p.Issue, p.Why = true, "missing"
+		case why != "":
+			p.Issue, p.Why = true, why
+		case !bytesEqual(data[specs.CACertKey], ca[corev1.TLSCertKey]):
+			p.Issue, p.Why = true, "not issued by the cluster's CA"
+		default:
+			p.Data = data
+			notBefore, notAfter, _ := certs.Expiry(data[corev1.TLSCertKey])
+			if renew := certs.RenewAt(notBefore, notAfter); !now.Before(renew) {
+				p.Issue, p.Data, p.Why = true, nil, fmt.Sprintf("due for renewal (it expires %s)", notAfter.UTC().Format(time.RFC3339))
+			}
+		}
+		out.Parts = append(out.Parts, p)
+	}
+	return out
+}
+
+// checkPart says why a Secret's certificate does not fit p, or "".
+func checkPart(data map[string][]byte, p TLSPart, now time.Time) string {
+	if data == nil {
+		return "does not exist"
+	}
+	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, specs.CACertKey} {
+		if len(data[key]) == 0 {
+			return "has no " + key
+		}
+	}
+	if err := certs.Check(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey], data[specs.CACertKey], p.Usage, p.Names, now); err != nil {
+		return "does not fit: " + err.Error()
+	}
+	return ""
+}
+
+// NextRenewal is when the earliest of the cluster's certificates is due for renewal; zero when
+// none is known.
+func (t TLS) NextRenewal() time.Time {
+	var next time.Time
+	for _, p := range t.Parts {
+		if p.Part == specs.TLSCA || p.Data == nil {
+			continue
+		}
+		notBefore, notAfter, err := certs.Expiry(p.Data[corev1.TLSCertKey])
+		if err != nil {
+			continue
+		}
+		if at := certs.RenewAt(notBefore, notAfter); next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	return next
+}
+
+func bytesEqual(a, b []byte) bool { return slices.Equal(a, b) }

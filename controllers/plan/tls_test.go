@@ -1,0 +1,131 @@
+package plan
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// issuedTLS is the Secrets' data the operator would have issued for kvc at issued.
+func issuedTLS(t *testing.T, kvc *kvv1.KVCluster, issued time.Time) map[string]map[string][]byte {
+	t.Helper()
+	ca, err := certs.NewCA("test-ca", issued, CAValidity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string][]byte{specs.TLSCA: {corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, specs.CACertKey: ca.CertPEM}}
+	for _, p := range tlsParts(kvc) {
+		leaf, err := ca.Issue(p.Usage, p.Names, issued, LeafValidity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[p.Part] = map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, specs.CACertKey: ca.CertPEM}
+	}
+	return out
+}
+
+func withTLS(mode kvv1.TLSMode) *kvv1.KVCluster {
+	kvc := kvcIn("", 0)
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: mode}
+	if mode == kvv1.TLSSecrets {
+		kvc.Spec.TLS.Secrets = &kvv1.TLSSecretNames{Server: "etcd-server", Peer: "etcd-peer", Client: "etcd-client"}
+	}
+	return kvc
+}
+
+func TestPlanTLS(t *testing.T) {
+	operator := withTLS(kvv1.TLSOperator)
+	formedOp := withTLS(kvv1.TLSOperator)
+	formedOp.Status.CurrentVersion = "3.7.3"
+	valid := issuedTLS(t, operator, t0)
+	otherCA := issuedTLS(t, operator, t0)
+	without := func(part string) map[string]map[string][]byte {
+		out := map[string]map[string][]byte{}
+		for k, v := range valid {
+			if k != part {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	replaced := func(part string, data map[string][]byte) map[string]map[string][]byte {
+		out := without(part)
+		out[part] = data
+		return out
+	}
+	// A server certificate from before the cluster could have nine members.
+	ca, _ := certs.ParseCA(valid[specs.TLSCA][corev1.TLSCertKey], valid[specs.TLSCA][corev1.TLSPrivateKeyKey])
+	narrow, _ := ca.Issue(certs.Server, specs.ServerNames(operator)[:3], t0, LeafValidity)
+	narrowServer := map[string][]byte{corev1.TLSCertKey: narrow.CertPEM, corev1.TLSPrivateKeyKey: narrow.KeyPEM, specs.CACertKey: ca.CertPEM}
+
+	secrets := withTLS(kvv1.TLSSecrets)
+	given := issuedTLS(t, secrets, t0)
+	delete(given, specs.TLSCA)
+	noKey := map[string]map[string][]byte{specs.TLSServer: given[specs.TLSServer], specs.TLSPeer: {corev1.TLSCertKey: given[specs.TLSPeer][corev1.TLSCertKey]},
+		specs.TLSClient: given[specs.TLSClient]}
+	swapped := map[string]map[string][]byte{specs.TLSServer: given[specs.TLSClient], specs.TLSPeer: given[specs.TLSPeer], specs.TLSClient: given[specs.TLSClient]}
+
+	tests := []struct {
+		name        string
+		kvc         *kvv1.KVCluster
+		secrets     map[string]map[string][]byte
+		now         time.Time
+		wantIssue   string // the parts issued, in order
+		wantProblem string // words of the problem, or ""
+	}{
+		{name: "plaintext: nothing", kvc: kvcIn("", 0), now: t0},
+		{name: "a new cluster: a CA, then each certificate from it", kvc: operator, now: t0, wantIssue: "ca server peer client"},
+		{name: "all in place: nothing is issued", kvc: operator, secrets: valid, now: t0.Add(time.Hour)},
+		{name: "a lost certificate is issued again from the same CA", kvc: operator, secrets: without(specs.TLSPeer), now: t0.Add(time.Hour), wantIssue: "peer"},
+		{name: "two thirds into its life a certificate is renewed", kvc: operator, secrets: valid, now: t0.Add(LeafValidity * 2 / 3), wantIssue: "server peer client"},
+		{name: "not before", kvc: operator, secrets: valid, now: t0.Add(LeafValidity*2/3 - 2*time.Hour)},
+		{name: "a certificate not covering every member is issued again", kvc: operator, secrets: replaced(specs.TLSServer, narrowServer), now: t0.Add(time.Hour), wantIssue: "server"},
+		{name: "a certificate of another CA is issued again", kvc: operator, secrets: replaced(specs.TLSClient, otherCA[specs.TLSClient]), now: t0.Add(time.Hour), wantIssue: "client"},
+		{name: "a formed cluster's lost CA is never replaced: its members trust only the old one", kvc: formedOp, secrets: without(specs.TLSCA), now: t0.Add(time.Hour),
+			wantProblem: "CA Secret kv-tls-ca is missing"},
+		{name: "your Secrets fit", kvc: secrets, secrets: given, now: t0.Add(time.Hour)},
+		{name: "your Secret is missing", kvc: secrets, secrets: map[string]map[string][]byte{specs.TLSServer: given[specs.TLSServer]}, now: t0.Add(time.Hour),
+			wantProblem: "Secret etcd-peer (peer certificate) does not exist"},
+		{name: "your Secret lacks a key", kvc: secrets, secrets: noKey, now: t0.Add(time.Hour), wantProblem: "Secret etcd-peer (peer certificate) has no tls.key"},
+		{name: "your client certificate is no server certificate", kvc: secrets, secrets: swapped, now: t0.Add(time.Hour), wantProblem: "Secret etcd-server (server certificate) does not fit"},
+		{name: "your certificates expired", kvc: secrets, secrets: given, now: t0.Add(LeafValidity + time.Hour), wantProblem: "Secret etcd-server (server certificate) does not fit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := planTLS(tt.kvc, Observation{TLS: tt.secrets}, tt.now)
+			var issued []string
+			for _, p := range got.Parts {
+				if p.Issue {
+					issued = append(issued, p.Part)
+					if p.Data != nil || p.Why == "" {
+						t.Errorf("%s is issued with data %t and why %q", p.Part, p.Data != nil, p.Why)
+					}
+				} else if p.Data == nil {
+					t.Errorf("%s is neither kept nor issued", p.Part)
+				}
+			}
+			if strings.Join(issued, " ") != tt.wantIssue || !strings.Contains(got.Problem, tt.wantProblem) || (got.Problem == "") != (tt.wantProblem == "") {
+				t.Errorf("issues %v, problem %q; want %q, %q", issued, got.Problem, tt.wantIssue, tt.wantProblem)
+			}
+		})
+	}
+}
+
+func TestTLSProblemsStopTheClusterAndRenewalsWakeIt(t *testing.T) {
+	kvc := withTLS(kvv1.TLSSecrets)
+	p := Make(kvc, Observation{}, t0, Config{})
+	if p.Status.Phase != kvv1.PhaseFailed || p.Reason != ReasonTLSInvalid || p.Children != nil || !strings.Contains(p.Message, "etcd-server") {
+		t.Errorf("phase %s/%s, objects %t (%s); want Failed TLSInvalid with nothing written", p.Status.Phase, p.Reason, p.Children != nil, p.Message)
+	}
+	operator := withTLS(kvv1.TLSOperator)
+	secrets := issuedTLS(t, operator, t0.Add(-LeafValidity*2/3+30*time.Second))
+	if p := Make(operator, Observation{TLS: secrets}, t0, Config{}); p.RequeueAfter > 30*time.Second || p.RequeueAfter <= 0 {
+		t.Errorf("requeue in %v, want by the renewal 30s from now", p.RequeueAfter)
+	}
+}

@@ -1,0 +1,156 @@
+package controllers
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// TestATLSClusterGetsItsCertificates: a cluster with tls.mode Operator gets a CA and a server,
+// peer and client certificate in Secrets it owns, covering every name its members and clients
+// use; its members listen on https; an idle reconcile writes nothing; a lost certificate is
+// issued again from the same CA.
+func TestATLSClusterGetsItsCertificates(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("tls")
+	kvc := newKVCluster(ns, "kv", 3)
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	h.create(kvc)
+	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
+	h.reconcile(kvc)
+
+	secret := func(part string) *corev1.Secret {
+		var s corev1.Secret
+		h.get(&s, ns, "kv-tls-"+part)
+		return &s
+	}
+	ca := secret(specs.TLSCA)
+	for _, tt := range []struct {
+		part  string
+		usage certs.Usage
+		names []string
+	}{
+		{part: specs.TLSServer, usage: certs.Server, names: specs.ServerNames(kvc)},
+		{part: specs.TLSPeer, usage: certs.Peer, names: specs.PeerNames(kvc)},
+		{part: specs.TLSClient, usage: certs.Client, names: []string{specs.ClientCommonName(kvc)}},
+	} {
+		s := secret(tt.part)
+		if !controlledBy(s, h.fresh(kvc)) || s.Type != corev1.SecretTypeTLS {
+			t.Errorf("Secret %s: type %s, owners %v; want a TLS Secret the cluster controls", s.Name, s.Type, s.OwnerReferences)
+		}
+		if err := certs.Check(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey], ca.Data[corev1.TLSCertKey], tt.usage, tt.names, h.clock.Now()); err != nil {
+			t.Errorf("the %s certificate does not fit: %v", tt.part, err)
+		}
+	}
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	if args := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--listen-client-urls=https://") || !strings.Contains(args, "--client-cert-auth") {
+		t.Errorf("members do not require TLS: %s", args)
+	}
+	h.setMembersReady(kvc, 3)
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseReady || !strings.HasPrefix(got.Status.ClientEndpoint, "https://") {
+		t.Fatalf("phase %s, endpoint %s; want Ready on https", got.Status.Phase, got.Status.ClientEndpoint)
+	}
+	drainEvents(h)
+	h.assertIdle(kvc, "a Ready cluster with TLS")
+
+	peer := secret(specs.TLSPeer)
+	if err := h.client.Delete(ctx, peer); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	again := secret(specs.TLSPeer)
+	if again.UID == peer.UID || string(again.Data[specs.CACertKey]) != string(ca.Data[corev1.TLSCertKey]) {
+		t.Errorf("the lost peer certificate was not issued again from the same CA")
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, plan.EventCertificateIssued) {
+		t.Errorf("events = %q, want the new certificate announced", ev)
+	}
+}
+
+// TestTLSAdmissionAndYourSecrets: the TLS mode is fixed at creation and mode Secrets needs its
+// Secrets; Secrets that are missing stop the cluster with a condition and an event (nothing is
+// written), and once they are there it goes on.
+func TestTLSAdmissionAndYourSecrets(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("tlsadm")
+
+	bad := newKVCluster(ns, "nosecrets", 1)
+	bad.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSSecrets}
+	checkAdmission(t, h.client.Create(ctx, bad), "tls.secrets is required with mode Secrets")
+
+	plain := newKVCluster(ns, "plain", 1)
+	h.create(plain)
+	p := h.fresh(plain)
+	p.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	checkAdmission(t, h.client.Update(ctx, p), "tls.mode is set at creation")
+
+	kvc := newKVCluster(ns, "kv", 1)
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "etcd-server", Peer: "etcd-peer", Client: "etcd-client"}}
+	h.create(kvc)
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	stalled := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled)
+	if got.Status.Phase != kvv1.PhaseFailed || stalled == nil || stalled.Reason != plan.ReasonTLSInvalid || !strings.Contains(stalled.Message, "etcd-server") {
+		t.Fatalf("phase %s, Stalled %+v; want Failed TLSInvalid naming the missing Secret", got.Status.Phase, stalled)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning "+plan.ReasonTLSInvalid) {
+		t.Errorf("events = %q, want a TLSInvalid warning", ev)
+	}
+	if err := h.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kv"}, &appsv1.StatefulSet{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a StatefulSet was written although its certificates are missing: %v", err)
+	}
+
+	// The user's certificates, e.g. written by cert-manager.
+	issuer, err := certs.NewCA("users-ca", h.clock.Now(), plan.CAValidity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, leaf := range map[string]struct {
+		usage certs.Usage
+		names []string
+	}{
+		"etcd-server": {certs.Server, specs.ServerNames(kvc)}, "etcd-peer": {certs.Peer, specs.PeerNames(kvc)}, "etcd-client": {certs.Client, []string{"app"}},
+	} {
+		l, err := issuer.Issue(leaf.usage, leaf.names, h.clock.Now(), plan.LeafValidity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{corev1.TLSCertKey: l.CertPEM, corev1.TLSPrivateKeyKey: l.KeyPEM, specs.CACertKey: issuer.CertPEM}}
+		if err := h.client.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseFailed {
+		t.Errorf("still Failed with fitting Secrets: %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionStalled))
+	}
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	var mounted []string
+	for _, v := range sts.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			mounted = append(mounted, v.Secret.SecretName)
+		}
+	}
+	if strings.Join(mounted, ",") != "etcd-server,etcd-peer" {
+		t.Errorf("members mount %v, want the user's server and peer Secrets", mounted)
+	}
+}

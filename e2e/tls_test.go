@@ -1,0 +1,118 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/e2e-framework/klient/k8s"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+	"sigs.k8s.io/e2e-framework/pkg/features"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+// etcdctlIn runs etcdctl in a member's container and returns its output and error, for calls
+// that are meant to be refused.
+func etcdctlIn(ctx context.Context, cfg *envconf.Config, kvc *kvv1.KVCluster, pod string, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := append([]string{"etcdctl", "--dial-timeout=3s", "--command-timeout=5s"}, args...)
+	err := cfg.Client().Resources().ExecInPod(ctx, kvc.Namespace, pod, "etcd", cmd, &stdout, &stderr)
+	return stdout.String() + stderr.String(), err
+}
+
+func TestTLSCluster(t *testing.T) {
+	var kvc *kvv1.KVCluster
+	// A member's peer certificate allows client authentication too: etcdctl in a member's pod
+	// presents it, as an application presents the cluster's client certificate.
+	withCert := []string{"--cacert=/etc/etcd/tls/peer/ca.crt", "--cert=/etc/etcd/tls/peer/tls.crt", "--key=/etc/etcd/tls/peer/tls.key"}
+	f := features.New("a cluster with TLS: mutual TLS between members and for every client, backups over TLS").
+		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			ns := envconf.RandomName("kvc-tls", 16)
+			r := cfg.Client().Resources()
+			if err := r.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			claim := &corev1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: "backup-volume", Namespace: ns},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}},
+				},
+			}
+			if err := r.Create(ctx, claim); err != nil {
+				t.Fatal(err)
+			}
+			kvc = &kvv1.KVCluster{
+				ObjectMeta: metav1.ObjectMeta{Name: "vault", Namespace: ns},
+				Spec: kvv1.KVClusterSpec{
+					Version: "3.7.3", Partitions: 3, BackupSchedule: "*/1 * * * *",
+					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+					Backup:  &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}},
+					TLS:     &kvv1.TLSSpec{Mode: kvv1.TLSOperator},
+				},
+			}
+			if err := r.Create(ctx, kvc); err != nil {
+				t.Fatal(err)
+			}
+			return ctx
+		}).
+		Assess("it becomes Ready: members formed over mutual TLS and the operator reads their health with its certificate", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			start := time.Now()
+			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+			got := get(ctx, t, cfg, kvc)
+			t.Logf("Ready after %s; endpoint %s; members %s", time.Since(start).Round(time.Second), got.Status.ClientEndpoint, ids(got))
+			if !strings.HasPrefix(got.Status.ClientEndpoint, "https://") || len(got.Status.Members) != 3 {
+				t.Errorf("endpoint %s, members %+v; want 3 members behind https", got.Status.ClientEndpoint, got.Status.Members)
+			}
+			return ctx
+		}).
+		Assess("a client with a certificate of the cluster's CA writes and reads through the client Service", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			svc := "--endpoints=https://vault-client." + kvc.Namespace + ".svc:2379"
+			etcdctl(ctx, t, cfg, kvc, "vault-0", append(withCert, svc, "put", "secret/answer", "42")...)
+			if out := etcdctl(ctx, t, cfg, kvc, "vault-1", append(withCert, svc, "get", "--print-value-only", "secret/answer")...); strings.TrimSpace(out) != "42" {
+				t.Errorf("read %q, want 42", out)
+			}
+			return ctx
+		}).
+		Assess("a client without a certificate, and a plaintext client, are refused", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			noCert := []string{"--cacert=/etc/etcd/tls/peer/ca.crt", "--endpoints=https://localhost:2379", "get", "secret/answer"}
+			if out, err := etcdctlIn(ctx, cfg, kvc, "vault-0", noCert...); err == nil || strings.Contains(out, "42") {
+				t.Errorf("a client without a certificate read the key: %q, %v", out, err)
+			} else {
+				t.Logf("without a certificate: %s", strings.TrimSpace(out))
+			}
+			if out, err := etcdctlIn(ctx, cfg, kvc, "vault-0", "--endpoints=http://localhost:2379", "get", "secret/answer"); err == nil || strings.Contains(out, "42") {
+				t.Errorf("a plaintext client read the key: %q, %v", out, err)
+			} else {
+				t.Logf("plaintext: %s", strings.TrimSpace(out))
+			}
+			return ctx
+		}).
+		Assess("a scheduled backup reaches the members over TLS", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
+				lb := o.(*kvv1.KVCluster).Status.LastBackup
+				return lb != nil && lb.Succeeded
+			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
+			got := get(ctx, t, cfg, kvc)
+			if err != nil {
+				t.Fatalf("no successful backup: %v; last %+v", err, got.Status.LastBackup)
+			}
+			t.Logf("backup: %s, %d bytes, revision %d", got.Status.LastBackup.Location, got.Status.LastBackup.Size, got.Status.LastBackup.Revision)
+			return ctx
+		}).
+		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
