@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -65,6 +66,16 @@ func TestATLSClusterGetsItsCertificates(t *testing.T) {
 	h.reconcile(kvc)
 	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseReady || !strings.HasPrefix(got.Status.ClientEndpoint, "https://") {
 		t.Fatalf("phase %s, endpoint %s; want Ready on https", got.Status.Phase, got.Status.ClientEndpoint)
+	}
+	var shown []string
+	for _, c := range h.fresh(kvc).Status.Certificates {
+		shown = append(shown, c.Name)
+		if c.Name != specs.TLSCA && (c.RenewAt == nil || !c.RenewAt.Time.After(h.clock.Now().Add(59*24*time.Hour)) || !c.NotAfter.Time.After(c.RenewAt.Time)) {
+			t.Errorf("certificate %+v: want it renewed two thirds into its 90 days", c)
+		}
+	}
+	if strings.Join(shown, ",") != "ca,server,peer,client" {
+		t.Errorf("status.certificates show %v, want every part", shown)
 	}
 	drainEvents(h)
 	h.assertIdle(kvc, "a Ready cluster with TLS")

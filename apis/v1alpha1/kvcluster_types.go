@@ -672,12 +672,32 @@ type KVClusterStatus struct {
 	// +listMapKey=name
 	Deletion []DeletionStep `json:"deletion,omitempty"`
 
+	// Certificates are the cluster's TLS certificates (spec.tls): when each expires and, for
+	// those the operator issues, when it is renewed.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Certificates []CertificateStatus `json:"certificates,omitempty"`
+
 	// Conditions: Ready, Reconciling and Stalled (kstatus), and BackupSucceeded once a backup
 	// finished, the backup schedule is invalid, or a blocking final backup failed on deletion.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// CertificateStatus is one of a cluster's TLS certificates.
+type CertificateStatus struct {
+	// Name is the part: ca, server, peer or client.
+	Name string `json:"name"`
+	// Secret holds it.
+	Secret string `json:"secret"`
+	// NotAfter is when it expires.
+	NotAfter metav1.Time `json:"notAfter"`
+	// RenewAt is when the operator issues it again (mode Operator; not for the CA).
+	// +optional
+	RenewAt *metav1.Time `json:"renewAt,omitempty"`
 }
 
 // KVCluster is an etcd-backed key-value cluster managed by kvcluster-operator.

@@ -109,6 +109,7 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	if renew := p.TLS.NextRenewal(); !renew.IsZero() && renew.Sub(now) < p.RequeueAfter {
 		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
+	st.Certificates = certificateStatuses(kvc, obs)
 	p.Status = st
 	p.Events = append(phaseEvents(kvc, v), events...)
 	return p

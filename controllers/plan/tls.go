@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/certs"
@@ -145,3 +146,29 @@ func (t TLS) NextRenewal() time.Time {
 }
 
 func bytesEqual(a, b []byte) bool { return slices.Equal(a, b) }
+
+// certificateStatuses are the expiry dates of the certificates the cluster's Secrets hold now
+// (one issued in this reconcile shows in the next), and when the operator renews its own.
+func certificateStatuses(kvc *kvv1.KVCluster, obs Observation) []kvv1.CertificateStatus {
+	if !specs.TLSEnabled(kvc) {
+		return nil
+	}
+	var out []kvv1.CertificateStatus
+	for _, part := range []string{specs.TLSCA, specs.TLSServer, specs.TLSPeer, specs.TLSClient} {
+		data, ok := obs.TLS[part]
+		if !ok {
+			continue
+		}
+		notBefore, notAfter, err := certs.Expiry(data[corev1.TLSCertKey])
+		if err != nil {
+			continue
+		}
+		cs := kvv1.CertificateStatus{Name: part, Secret: specs.TLSSecretName(kvc, part), NotAfter: metav1.NewTime(notAfter)}
+		if kvc.Spec.TLS.Mode == kvv1.TLSOperator && part != specs.TLSCA {
+			renew := metav1.NewTime(certs.RenewAt(notBefore, notAfter))
+			cs.RenewAt = &renew
+		}
+		out = append(out, cs)
+	}
+	return out
+}

@@ -113,6 +113,21 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: timeZone
       type:
         scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.CertificateStatus
+  map:
+    fields:
+    - name: name
+      type:
+        scalar: string
+    - name: notAfter
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: renewAt
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: secret
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionOutcome
   scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionStep
@@ -252,6 +267,14 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.KVClusterStatus
   map:
     fields:
+    - name: certificates
+      type:
+        list:
+          elementType:
+            namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.CertificateStatus
+          elementRelationship: associative
+          keys:
+          - name
     - name: clientEndpoint
       type:
         scalar: string

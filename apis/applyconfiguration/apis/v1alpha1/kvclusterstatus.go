@@ -38,6 +38,9 @@ type KVClusterStatusApplyConfiguration struct {
 	Members []MemberStatusApplyConfiguration `json:"members,omitempty"`
 	// Deletion is where each deletion step stands, once the KVCluster is being deleted.
 	Deletion []DeletionStepApplyConfiguration `json:"deletion,omitempty"`
+	// Certificates are the cluster's TLS certificates (spec.tls): when each expires and, for
+	// those the operator issues, when it is renewed.
+	Certificates []CertificateStatusApplyConfiguration `json:"certificates,omitempty"`
 	// Conditions: Ready, Reconciling and Stalled (kstatus), and BackupSucceeded once a backup
 	// finished, the backup schedule is invalid, or a blocking final backup failed on deletion.
 	Conditions []metav1.ConditionApplyConfiguration `json:"conditions,omitempty"`
@@ -151,6 +154,19 @@ func (b *KVClusterStatusApplyConfiguration) WithDeletion(values ...*DeletionStep
 			panic("nil value passed to WithDeletion")
 		}
 		b.Deletion = append(b.Deletion, *values[i])
+	}
+	return b
+}
+
+// WithCertificates adds the given value to the Certificates field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Certificates field.
+func (b *KVClusterStatusApplyConfiguration) WithCertificates(values ...*CertificateStatusApplyConfiguration) *KVClusterStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithCertificates")
+		}
+		b.Certificates = append(b.Certificates, *values[i])
 	}
 	return b
 }
