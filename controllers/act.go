@@ -187,7 +187,14 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 			if ca, err = certs.ParseCA(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey]); err != nil {
 				return fmt.Errorf("the CA of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
 			}
-		case part.Issue:
+		case !part.Issue:
+			// Deleted since it was observed (the cache shows it gone): a certificate someone deleted,
+			// maybe because its key leaked, never comes back with that key.
+			if err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.TLSSecretName(kvc, part.Part)}, &corev1.Secret{}); apierrors.IsNotFound(err) {
+				part.Issue, part.Why = true, "its Secret was deleted"
+			}
+		}
+		if part.Issue && part.Part != specs.TLSCA {
 			leaf, err := ca.Issue(part.Usage, part.Names, now, plan.LeafValidity)
 			if err != nil {
 				return fmt.Errorf("issue the %s certificate of KVCluster %s/%s: %w", part.Part, kvc.Namespace, kvc.Name, err)
