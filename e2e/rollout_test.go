@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/e2e-framework/klient/wait"
 	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
@@ -38,17 +37,28 @@ type writerReport struct {
 	Present                  int      `json:"present"`
 }
 
-// startWriter runs the continuous writer against the cluster's client Service.
+// startWriter runs the continuous writer against the cluster's client Service, with the
+// cluster's client certificate when it has TLS.
 func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
 	t.Helper()
+	scheme, args := "http", []string{}
+	var volumes []corev1.Volume
+	var mounts []corev1.VolumeMount
+	if kvc.Spec.TLS != nil && kvc.Spec.TLS.Mode == kvv1.TLSOperator {
+		scheme, args = "https", []string{"--tls-dir=/etc/etcd-tls"}
+		volumes = []corev1.Volume{{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: kvc.Name + "-tls-client"}}}}
+		mounts = []corev1.VolumeMount{{Name: "etcd-tls", MountPath: "/etc/etcd-tls", ReadOnly: true}}
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "writer", Namespace: kvc.Namespace},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
 				Name: "writer", Image: writerImage, ImagePullPolicy: corev1.PullIfNotPresent,
-				Args:  []string{"--endpoints=" + fmt.Sprintf("http://%s-client.%s.svc:2379", kvc.Name, kvc.Namespace)},
-				Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
+				Args:         append(args, "--endpoints="+fmt.Sprintf("%s://%s-client.%s.svc:2379", scheme, kvc.Name, kvc.Namespace)),
+				Ports:        []corev1.ContainerPort{{ContainerPort: 8080}},
+				VolumeMounts: mounts,
 			}},
+			Volumes: volumes,
 		},
 	}
 	if err := cfg.Client().Resources().Create(ctx, pod); err != nil {
@@ -68,15 +78,7 @@ func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kv
 // writerAsk reads the writer's report through the API server's pod proxy (works on kind too).
 func writerAsk(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, what string, params ...string) writerReport {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(cfg.Client().RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	query := map[string]string{}
-	for i := 0; i+1 < len(params); i += 2 {
-		query[params[i]] = params[i+1]
-	}
-	raw, err := cs.CoreV1().Pods(kvc.Namespace).ProxyGet("http", "writer", "8080", "/"+what, query).DoRaw(ctx)
+	raw, err := writerGet(ctx, t, cfg, kvc, what, params...)
 	if err != nil {
 		t.Fatalf("ask the writer for /%s: %v: %s", what, err, raw)
 	}

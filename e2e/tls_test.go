@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/e2e-framework/klient/k8s"
 	"sigs.k8s.io/e2e-framework/klient/wait"
 	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
@@ -21,13 +23,32 @@ import (
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
 
-// etcdctlIn runs etcdctl in a member's container and returns its output and error, for calls
-// that are meant to be refused.
-func etcdctlIn(ctx context.Context, cfg *envconf.Config, kvc *kvv1.KVCluster, pod string, args ...string) (string, error) {
-	var stdout, stderr bytes.Buffer
+// etcdctlRefused runs etcdctl in a member's container for a call meant to be refused: it returns
+// what it printed (nothing, when refused), why it failed, and whether it failed.
+func etcdctlRefused(ctx context.Context, cfg *envconf.Config, kvc *kvv1.KVCluster, pod string, args ...string) (stdout, why string, refused bool) {
+	var out, errOut bytes.Buffer
 	cmd := append([]string{"etcdctl", "--dial-timeout=3s", "--command-timeout=5s"}, args...)
-	err := cfg.Client().Resources().ExecInPod(ctx, kvc.Namespace, pod, "etcd", cmd, &stdout, &stderr)
-	return stdout.String() + stderr.String(), err
+	err := cfg.Client().Resources().ExecInPod(ctx, kvc.Namespace, pod, "etcd", cmd, &out, &errOut)
+	return out.String(), lastLine(errOut.String()), err != nil
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// writerGet asks the writer pod for path through the API server's pod proxy.
+func writerGet(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, path string, params ...string) ([]byte, error) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg.Client().RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	query := map[string]string{}
+	for i := 0; i+1 < len(params); i += 2 {
+		query[params[i]] = params[i+1]
+	}
+	return cs.CoreV1().Pods(kvc.Namespace).ProxyGet("http", "writer", "8080", "/"+path, query).DoRaw(ctx)
 }
 
 func TestTLSCluster(t *testing.T) {
@@ -85,16 +106,65 @@ func TestTLSCluster(t *testing.T) {
 			return ctx
 		}).
 		Assess("a client without a certificate, and a plaintext client, are refused", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			noCert := []string{"--cacert=/etc/etcd/tls/peer/ca.crt", "--endpoints=https://localhost:2379", "get", "secret/answer"}
-			if out, err := etcdctlIn(ctx, cfg, kvc, "vault-0", noCert...); err == nil || strings.Contains(out, "42") {
-				t.Errorf("a client without a certificate read the key: %q, %v", out, err)
-			} else {
-				t.Logf("without a certificate: %s", strings.TrimSpace(out))
+			for what, args := range map[string][]string{
+				"a client without a certificate": {"--cacert=/etc/etcd/tls/peer/ca.crt", "--endpoints=https://localhost:2379"},
+				"a plaintext client":             {"--endpoints=http://localhost:2379"},
+			} {
+				out, why, refused := etcdctlRefused(ctx, cfg, kvc, "vault-0", append(args, "get", "--print-value-only", "secret/answer")...)
+				if !refused || strings.TrimSpace(out) != "" {
+					t.Errorf("%s read the key: %q", what, out)
+				}
+				t.Logf("%s: %s", what, why)
 			}
-			if out, err := etcdctlIn(ctx, cfg, kvc, "vault-0", "--endpoints=http://localhost:2379", "get", "secret/answer"); err == nil || strings.Contains(out, "42") {
-				t.Errorf("a plaintext client read the key: %q, %v", out, err)
-			} else {
-				t.Logf("plaintext: %s", strings.TrimSpace(out))
+			return ctx
+		}).
+		Assess("renewed certificates are served without restarting a member, and the writer loses no write", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			startWriter(ctx, t, cfg, kvc)
+			before := memberPods(ctx, t, cfg, kvc)
+			addrs := map[string]string{}
+			for _, m := range []string{"vault-0", "vault-1", "vault-2"} {
+				host := m + ".vault-peer." + kvc.Namespace + ".svc"
+				addrs[m+" client port"], addrs[m+" peer port"] = host+":2379", host+":2380"
+			}
+			served := func(addr string) string {
+				raw, err := writerGet(ctx, t, cfg, kvc, "servercert", "addr", addr)
+				if err != nil {
+					return ""
+				}
+				var cert struct{ Serial string }
+				_ = json.Unmarshal(raw, &cert)
+				return cert.Serial
+			}
+			old := map[string]string{}
+			for what, addr := range addrs {
+				old[what] = served(addr)
+			}
+			// A renewal and a lost Secret take the same path: a new certificate from the same CA.
+			for _, part := range []string{"server", "peer"} {
+				if err := cfg.Client().Resources().Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: "vault-tls-" + part}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			start := time.Now()
+			for what, addr := range addrs {
+				if err := wait.For(func(ctx context.Context) (bool, error) {
+					now := served(addr)
+					return now != "" && now != old[what], nil
+				}, wait.WithTimeout(4*time.Minute), wait.WithInterval(2*time.Second)); err != nil {
+					t.Fatalf("%s still serves certificate %s after %s", what, old[what], time.Since(start).Round(time.Second))
+				}
+			}
+			t.Logf("every member serves its new certificates %s after the Secrets were replaced", time.Since(start).Round(time.Second))
+			for name, pod := range memberPods(ctx, t, cfg, kvc) {
+				was := before[name]
+				if was == nil || pod.UID != was.UID || pod.Status.ContainerStatuses[0].RestartCount != was.Status.ContainerStatuses[0].RestartCount {
+					t.Errorf("member %s restarted during the renewal", name)
+				}
+			}
+			rep := writerAsk(ctx, t, cfg, kvc, "stop")
+			t.Logf("writer: %d acknowledged, %d failed, longest unavailability %d ms", rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis)
+			if rep.Failed != 0 || len(rep.Missing) != 0 || !rep.Checked {
+				t.Errorf("writes were lost across the renewal: %+v", rep)
 			}
 			return ctx
 		}).

@@ -6,21 +6,29 @@
 //	/halt    stops writing (e.g. before another cluster takes the Service's name) and reports
 //	/stop    stops writing, then checks that every acknowledged key is present and says which are not;
 //	         ?endpoints=... checks in another cluster (one restored from a backup of this one)
+//	/servercert?addr=host:port  the serial and expiry of the certificate a member serves to a new
+//	         connection now (a cluster with TLS: --tls-dir holds its client certificate)
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 )
 
 // Report is what /report and /stop answer.
@@ -114,12 +122,34 @@ func (w *writer) check(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
+// clientTLS reads the cluster's client certificate (tls.crt, tls.key, ca.crt) from dir; nil
+// without one.
+func clientTLS(dir string) (*tls.Config, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	var pems [3][]byte
+	for i, name := range []string{"ca.crt", "tls.crt", "tls.key"} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		pems[i] = data
+	}
+	return certs.ClientConfig(pems[0], pems[1], pems[2])
+}
+
 func main() {
 	endpoints := flag.String("endpoints", "", "comma-separated etcd client URLs")
 	prefix := flag.String("prefix", "e2e/writer/", "key prefix")
 	interval := flag.Duration("interval", 20*time.Millisecond, "pause between writes")
+	tlsDir := flag.String("tls-dir", "", "directory of the cluster's client certificate (tls.crt, tls.key, ca.crt), for a cluster with TLS")
 	flag.Parse()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(*endpoints, ","), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	tlsConfig, err := clientTLS(*tlsDir)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(*endpoints, ","), TLS: tlsConfig, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -144,7 +174,7 @@ func main() {
 	http.HandleFunc("/stop", func(rw http.ResponseWriter, r *http.Request) {
 		checker := w
 		if eps := r.URL.Query().Get("endpoints"); eps != "" {
-			other, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(eps, ","), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			other, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(eps, ","), TLS: tlsConfig, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 			if err != nil {
 				reply(rw, Report{}, err)
 				return
@@ -158,6 +188,24 @@ func main() {
 		}
 		rep, err := checker.check(r.Context())
 		reply(rw, rep, err)
+	})
+	http.HandleFunc("/servercert", func(rw http.ResponseWriter, r *http.Request) {
+		if tlsConfig == nil {
+			http.Error(rw, "no --tls-dir", http.StatusBadRequest)
+			return
+		}
+		addr := r.URL.Query().Get("addr")
+		config := tlsConfig.Clone()
+		config.ServerName, _, _ = strings.Cut(addr, ":")
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, config)
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		defer func() { _ = conn.Close() }()
+		leaf := conn.ConnectionState().PeerCertificates[0]
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(map[string]string{"serial": leaf.SerialNumber.String(), "notAfter": leaf.NotAfter.UTC().Format(time.RFC3339)})
 	})
 	log.Fatal(http.ListenAndServe(":8080", nil))
 }
