@@ -80,6 +80,19 @@ func TestATLSClusterGetsItsCertificates(t *testing.T) {
 	drainEvents(h)
 	h.assertIdle(kvc, "a Ready cluster with TLS")
 
+	// Sixty-one days on, two thirds into their 90 days, the certificates are renewed from the same CA.
+	server := secret(specs.TLSServer)
+	h.clock.SetTime(h.clock.Now().Add(61 * 24 * time.Hour))
+	h.reconcile(kvc)
+	renewed := secret(specs.TLSServer)
+	if string(renewed.Data[corev1.TLSCertKey]) == string(server.Data[corev1.TLSCertKey]) ||
+		certs.Check(renewed.Data[corev1.TLSCertKey], renewed.Data[corev1.TLSPrivateKeyKey], ca.Data[corev1.TLSCertKey], certs.Server, specs.ServerNames(kvc), h.clock.Now()) != nil {
+		t.Errorf("the server certificate was not renewed from the same CA two thirds into its life")
+	}
+	if ev := drainEvents(h); strings.Count(ev, plan.EventCertificateIssued) != 3 || !strings.Contains(ev, "due for renewal") {
+		t.Errorf("events = %q, want the three certificates' renewals announced", ev)
+	}
+
 	peer := secret(specs.TLSPeer)
 	if err := h.client.Delete(ctx, peer); err != nil {
 		t.Fatal(err)
@@ -105,6 +118,12 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	bad := newKVCluster(ns, "nosecrets", 1)
 	bad.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSSecrets}
 	checkAdmission(t, h.client.Create(ctx, bad), "tls.secrets is required with mode Secrets")
+	badName := newKVCluster(ns, "badname", 1)
+	badName.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "Etcd_Server", Peer: "p", Client: "c"}}
+	checkAdmission(t, h.client.Create(ctx, badName), "spec.tls.secrets.server")
+	badMode := newKVCluster(ns, "badmode", 1)
+	badMode.Spec.TLS = &kvv1.TLSSpec{Mode: "Mutual"}
+	checkAdmission(t, h.client.Create(ctx, badMode), "spec.tls.mode")
 
 	plain := newKVCluster(ns, "plain", 1)
 	h.create(plain)
@@ -148,6 +167,22 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 		if err := h.client.Create(ctx, s); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A Secret missing a key is a condition naming it, not a crash.
+	var peer corev1.Secret
+	h.get(&peer, ns, "etcd-peer")
+	caCert := peer.Data[specs.CACertKey]
+	delete(peer.Data, specs.CACertKey)
+	if err := h.client.Update(ctx, &peer); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	if c := meta.FindStatusCondition(h.fresh(kvc).Status.Conditions, kvv1.ConditionStalled); c == nil || !strings.Contains(c.Message, "etcd-peer (peer certificate) has no ca.crt") {
+		t.Errorf("Stalled = %+v, want the missing key named", c)
+	}
+	peer.Data[specs.CACertKey] = caCert
+	if err := h.client.Update(ctx, &peer); err != nil {
+		t.Fatal(err)
 	}
 	h.reconcile(kvc)
 	if got := h.fresh(kvc); got.Status.Phase == kvv1.PhaseFailed {
