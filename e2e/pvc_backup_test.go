@@ -20,25 +20,34 @@ import (
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
 
+// namespaceWithBackupClaim creates a namespace named from prefix holding a claim of size for
+// backups, and returns its name.
+func namespaceWithBackupClaim(ctx context.Context, t *testing.T, cfg *envconf.Config, prefix, claimName, size string) string {
+	t.Helper()
+	ns := envconf.RandomName(prefix, 16)
+	r := cfg.Client().Resources()
+	if err := r.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	claim := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: claimName, Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+	if err := r.Create(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
 func TestBackupsOnAPersistentVolumeClaim(t *testing.T) {
 	var kvc *kvv1.KVCluster
 	f := features.New("backups to a PersistentVolumeClaim, and a restore from it").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			ns := envconf.RandomName("kvc-pvc", 16)
+			ns := namespaceWithBackupClaim(ctx, t, cfg, "kvc-pvc", "backup-volume", "512Mi")
 			r := cfg.Client().Resources()
-			if err := r.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-				t.Fatal(err)
-			}
-			claim := &corev1.PersistentVolumeClaim{
-				ObjectMeta: metav1.ObjectMeta{Name: "backup-volume", Namespace: ns},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("512Mi")}},
-				},
-			}
-			if err := r.Create(ctx, claim); err != nil {
-				t.Fatal(err)
-			}
 			kvc = &kvv1.KVCluster{
 				ObjectMeta: metav1.ObjectMeta{Name: "ledger", Namespace: ns},
 				Spec: kvv1.KVClusterSpec{

@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/e2e-framework/klient/wait"
@@ -131,21 +130,8 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 	var kvc *kvv1.KVCluster
 	f := features.New("a cluster under continuous writes is upgraded, scaled and healed without losing a write").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			ns := envconf.RandomName("kvc-roll", 16)
-			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-				t.Fatal(err)
-			}
 			// Backups go to a claim, so the upgrade takes its pre-upgrade backup through a real Job.
-			claim := &corev1.PersistentVolumeClaim{
-				ObjectMeta: metav1.ObjectMeta{Name: "backups", Namespace: ns},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}},
-				},
-			}
-			if err := cfg.Client().Resources().Create(ctx, claim); err != nil {
-				t.Fatal(err)
-			}
+			ns := namespaceWithBackupClaim(ctx, t, cfg, "kvc-roll", "backups", "256Mi")
 			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "roll", Namespace: ns},
 				Spec: kvv1.KVClusterSpec{Version: "3.6.16", Partitions: 3,
 					Backup: &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backups"}, FinalBackup: kvv1.FinalBackupSkip}}}

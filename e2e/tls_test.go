@@ -58,21 +58,8 @@ func TestTLSCluster(t *testing.T) {
 	withCert := []string{"--cacert=/etc/etcd/tls/peer/ca.crt", "--cert=/etc/etcd/tls/peer/tls.crt", "--key=/etc/etcd/tls/peer/tls.key"}
 	f := features.New("a cluster with TLS: mutual TLS between members and for every client, backups over TLS").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			ns := envconf.RandomName("kvc-tls", 16)
+			ns := namespaceWithBackupClaim(ctx, t, cfg, "kvc-tls", "backup-volume", "256Mi")
 			r := cfg.Client().Resources()
-			if err := r.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-				t.Fatal(err)
-			}
-			claim := &corev1.PersistentVolumeClaim{
-				ObjectMeta: metav1.ObjectMeta{Name: "backup-volume", Namespace: ns},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}},
-				},
-			}
-			if err := r.Create(ctx, claim); err != nil {
-				t.Fatal(err)
-			}
 			kvc = &kvv1.KVCluster{
 				ObjectMeta: metav1.ObjectMeta{Name: "vault", Namespace: ns},
 				Spec: kvv1.KVClusterSpec{
