@@ -181,7 +181,13 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 			if ca, err = certs.NewCA("kvcluster-ca."+kvc.Name+"."+kvc.Namespace, now, plan.CAValidity); err != nil {
 				return fmt.Errorf("create the CA of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
 			}
-			data = map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, specs.CACertKey: ca.CertPEM}
+			data = map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, specs.CACertKey: ca.CertPEM,
+				specs.RotatedForKey: []byte(tls.Token)}
+			if part.Rotate { // trusted together with the CA it replaces, until every certificate is the new one's
+				old := part.Data[corev1.TLSCertKey]
+				data[specs.PreviousCAKey] = old
+				data[specs.CACertKey] = append(append([]byte{}, old...), ca.CertPEM...)
+			}
 		case part.Part == specs.TLSCA:
 			var err error
 			if ca, err = certs.ParseCA(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey]); err != nil {
@@ -206,9 +212,13 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 			specs.TLSSecret(kvc, part.Part, data, guard), corev1ac.ExtractSecret); err != nil {
 			return err
 		}
-		if part.Issue {
+		switch {
+		case part.Issue:
 			r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventCertificateIssued, "Certificates",
 				"issued the %s certificate in Secret %s: %s", part.Part, name, part.Why)
+		case part.Part == specs.TLSCA && part.Why != "":
+			r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventCARotated, "Certificates",
+				"members trust only the new CA from now on (%s); they restart once more", part.Why)
 		}
 	}
 	return nil

@@ -38,6 +38,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		obs.ReadyMembers = sts.Status.ReadyReplicas
 		obs.STSReplicas = sts.Spec.Replicas
 		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
+		obs.STSTrust = sts.Spec.Template.Annotations[specs.TrustAnnotation]
 	case !apierrors.IsNotFound(err):
 		return obs, nil, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}

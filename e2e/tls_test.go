@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -148,10 +150,67 @@ func TestTLSCluster(t *testing.T) {
 					t.Errorf("member %s restarted during the renewal", name)
 				}
 			}
-			rep := writerAsk(ctx, t, cfg, kvc, "stop")
+			rep := writerAsk(ctx, t, cfg, kvc, "report")
 			t.Logf("writer: %d acknowledged, %d failed, longest unavailability %d ms", rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis)
-			if rep.Failed != 0 || len(rep.Missing) != 0 || !rep.Checked {
-				t.Errorf("writes were lost across the renewal: %+v", rep)
+			if rep.Failed != 0 {
+				t.Errorf("writes failed across the renewal: %+v", rep)
+			}
+			return ctx
+		}).
+		Assess("the CA is rotated under the writer: trusted together with the old, certificates move to it, the old is dropped; no write is lost", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			r := cfg.Client().Resources()
+			caSecret := func() *corev1.Secret {
+				var s corev1.Secret
+				if err := r.Get(ctx, "vault-tls-ca", kvc.Namespace, &s); err != nil {
+					t.Fatal(err)
+				}
+				return &s
+			}
+			oldCA := string(caSecret().Data["tls.crt"])
+			before := memberPods(ctx, t, cfg, kvc)
+			k := get(ctx, t, cfg, kvc)
+			k.Annotations = map[string]string{kvv1.AnnotationRotateCA: "e2e-1"}
+			if err := r.Update(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			err := wait.For(func(ctx context.Context) (bool, error) {
+				ca := caSecret()
+				got := get(ctx, t, cfg, kvc)
+				if string(ca.Data["tls.crt"]) == oldCA || len(ca.Data["previous.crt"]) != 0 || got.Status.Phase != kvv1.PhaseReady ||
+					!meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
+					return false, nil
+				}
+				// and the members restarted once more, trusting the new CA alone
+				var sts appsv1.StatefulSet
+				if err := r.Get(ctx, kvc.Name, kvc.Namespace, &sts); err != nil || sts.Spec.Template.Annotations["kvcluster.io/trusted-ca"] != "" {
+					return false, err
+				}
+				for _, pod := range memberPods(ctx, t, cfg, kvc) {
+					if pod.Labels[appsv1.StatefulSetRevisionLabel] != sts.Status.UpdateRevision || !isPodReady(pod) {
+						return false, nil
+					}
+				}
+				return true, nil
+			}, wait.WithTimeout(12*time.Minute), wait.WithInterval(3*time.Second))
+			if err != nil {
+				got := get(ctx, t, cfg, kvc)
+				t.Fatalf("the rotation did not finish within %s: phase %s, CA Secret keys %d; conditions %+v", time.Since(start).Round(time.Second),
+					got.Status.Phase, len(caSecret().Data), got.Status.Conditions)
+			}
+			t.Logf("CA rotated in %s", time.Since(start).Round(time.Second))
+			for name, pod := range memberPods(ctx, t, cfg, kvc) {
+				if before[name] != nil && pod.UID == before[name].UID {
+					t.Errorf("member %s never restarted: it would still trust the old CA", name)
+				}
+			}
+			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
+				"-o", "custom-columns=REASON:.reason,MESSAGE:.message")
+			t.Logf("events:\n%s", events)
+			rep := writerAsk(ctx, t, cfg, kvc, "stop")
+			t.Logf("writer: %d acknowledged, %d failed, longest unavailability %d ms (%s)", rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis, rep.LastError)
+			if len(rep.Missing) != 0 || !rep.Checked {
+				t.Errorf("acknowledged writes were lost across the CA rotation: %+v", rep)
 			}
 			return ctx
 		}).

@@ -588,6 +588,10 @@ const (
 	// exist already and were not made for it (e.g. retained from a deleted cluster of the same
 	// name). Never with spec.restore: a restore starts on empty volumes only.
 	AnnotationAdoptVolumes = "kvcluster.io/adopt-volumes"
+	// AnnotationRotateCA: a new value (any token, e.g. a date) makes the operator replace the
+	// cluster's CA (tls.mode Operator) with overlap: members trust old and new, certificates are
+	// issued anew, then the old CA is dropped; members restart twice, one at a time.
+	AnnotationRotateCA = "kvcluster.io/rotate-ca"
 	// FinalizerFinalBackup holds deletion until the final backup finished (or was given up).
 	FinalizerFinalBackup = "kvcluster.io/final-backup"
 )

@@ -30,8 +30,9 @@ const (
 	Client                  // the operator, backup Jobs, applications: clientAuth
 )
 
-// clockSkew is how far certificates are backdated, for members whose clocks run behind.
-const clockSkew = time.Hour
+// ClockSkew is how far certificates are backdated, for members whose clocks run behind: a
+// certificate was issued at its NotBefore plus ClockSkew.
+const ClockSkew = time.Hour
 
 // PEM block types.
 const (
@@ -86,7 +87,7 @@ func NewCA(commonName string, now time.Time, validity time.Duration) (CA, error)
 	}
 	template := &x509.Certificate{
 		Subject:               pkix.Name{CommonName: commonName},
-		NotBefore:             now.Add(-clockSkew),
+		NotBefore:             now.Add(-ClockSkew),
 		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		IsCA:                  true,
@@ -155,7 +156,7 @@ func (ca CA) Issue(usage Usage, names []string, now time.Time, validity time.Dur
 	}
 	template := &x509.Certificate{
 		Subject:               pkix.Name{CommonName: names[0]},
-		NotBefore:             now.Add(-clockSkew),
+		NotBefore:             now.Add(-ClockSkew),
 		NotAfter:              notAfter,
 		KeyUsage:              x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:           extKeyUsages,

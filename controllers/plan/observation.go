@@ -34,6 +34,8 @@ type Observation struct {
 	STSSettled  bool
 	// STSClaimsUnlabelled: the StatefulSet was made by a release that did not label claims.
 	STSClaimsUnlabelled bool
+	// STSTrust is the CA bundle its template tells members to trust (specs.TrustAnnotation).
+	STSTrust string
 	// Membership is what the membership ConfigMap says now (nil before it exists).
 	Membership *specs.Membership
 
@@ -145,6 +147,19 @@ func (o Observation) healthy(kvc *kvv1.KVCluster) bool {
 	n := int(kvc.Spec.Partitions)
 	return o.ReadyMembers == kvc.Spec.Partitions && o.Cluster != nil && o.Cluster.HasLeader &&
 		o.Cluster.AllHealthy() && len(o.Cluster.Members) == n && o.Cluster.Voting() == n && len(o.Cluster.Alarms) == 0
+}
+
+// rolled: every member runs the StatefulSet's current template, and is ready.
+func (o Observation) rolled(kvc *kvv1.KVCluster) bool {
+	if !o.STSSettled || o.outdatedPods() > 0 {
+		return false
+	}
+	for ord := range int(kvc.Spec.Partitions) {
+		if p, ok := o.Pods[ord]; !ok || !p.Ready || p.Terminating {
+			return false
+		}
+	}
+	return true
 }
 
 func (o Observation) quorumLost() bool { return o.Cluster == nil || !o.Cluster.HasLeader }

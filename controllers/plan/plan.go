@@ -85,6 +85,7 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 				Replicas:         replicas,
 				Bootstrapping:    !bootstrapped(kvc, obs),
 				UnlabelledClaims: obs.STSClaimsUnlabelled,
+				Trust:            p.TLS.Trust,
 			},
 			DisruptionBase: disruptionBase(kvc, obs),
 		}

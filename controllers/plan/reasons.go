@@ -53,6 +53,7 @@ const (
 	EventStaleAlarmDisarmed     = "StaleAlarmDisarmed"
 	EventVolumeAdopted          = "VolumeAdopted"
 	EventCertificateIssued      = "CertificateIssued"
+	EventCARotated              = "CARotated"
 
 	// The deletion steps.
 	EventDrainStarted            = "DrainStarted"

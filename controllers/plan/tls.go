@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"time"
@@ -28,13 +30,18 @@ type TLSPart struct {
 	Names []string
 	// Data is the Secret's data to apply; nil when Issue is set (act issues it).
 	Data map[string][]byte
-	// Issue: a certificate is issued (or renewed) for this part; Why says why.
-	Issue bool
-	Why   string
+	// Issue: a certificate is issued (or renewed) for this part; Why says why. Rotate (the CA):
+	// a new CA replaces the one in Data, trusted together with it.
+	Issue, Rotate bool
+	Why           string
 }
 
 // TLS is what a reconcile does about a cluster's certificates.
 type TLS struct {
+	// Token is the value of AnnotationRotateCA the CA answers (kept in its Secret).
+	Token string
+	// Trust identifies the CAs members must trust while a CA rotation runs ("" otherwise).
+	Trust string
 	// Parts are the operator's Secrets to apply (mode Operator), the CA first.
 	Parts []TLSPart
 	// Problem says why the cluster cannot use its certificates; nothing is written then.
@@ -69,12 +76,11 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 		}
 		return TLS{}
 	}
-	var out TLS
+	out := TLS{Token: kvc.Annotations[kvv1.AnnotationRotateCA]}
 	ca, hasCA := obs.TLS[specs.TLSCA]
 	_, caErr := certs.ParseCA(ca[corev1.TLSCertKey], ca[corev1.TLSPrivateKeyKey])
 	switch {
 	case hasCA && caErr == nil:
-		out.Parts = append(out.Parts, TLSPart{Part: specs.TLSCA, Data: ca})
 	case bootstrapped(kvc, obs):
 		what := "is missing"
 		if hasCA {
@@ -85,29 +91,117 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 			specs.TLSSecretName(kvc, specs.TLSCA), what)}
 	default:
 		out.Parts = append(out.Parts, TLSPart{Part: specs.TLSCA, Issue: true, Why: "the cluster has no CA yet"})
+		for _, p := range tlsParts(kvc) {
+			p.Issue, p.Why = true, "issued by the new CA"
+			out.Parts = append(out.Parts, p)
+		}
+		return out
 	}
-	newCA := out.Parts[0].Issue
+	return planRotation(kvc, obs, now, out, ca)
+}
+
+// planRotation keeps a formed cluster's certificates issued by its CA, and replaces the CA with
+// overlap when asked (AnnotationRotateCA) or when it is two thirds into its life. etcd loads its
+// trusted CAs only at start, so a rotation moves in steps, each derived from what is observed:
+//  1. a new CA signs from now on; members are told to trust the old and the new one (the CA
+//     Secret's ca.crt), which changes their template, and they restart one at a time;
+//  2. once every member runs trusting both, the certificates are issued anew by the new CA (etcd
+//     reads certificate files on every handshake);
+//  3. once every certificate is the new CA's and its volumes had time to update, members trust the
+//     new CA only, and restart once more.
+//
+// A certificate is never issued by a CA some member does not trust yet.
+func planRotation(kvc *kvv1.KVCluster, obs Observation, now time.Time, out TLS, ca map[string][]byte) TLS {
+	signer, previous := ca[corev1.TLSCertKey], ca[specs.PreviousCAKey]
+	trust := ca[specs.CACertKey]
+	if len(trust) == 0 {
+		trust = signer
+	}
+	rotating := len(previous) > 0
+	notBefore, notAfter, _ := certs.Expiry(signer)
+	requested := out.Token != "" && out.Token != string(ca[specs.RotatedForKey])
+	if !rotating && (requested || !now.Before(certs.RenewAt(notBefore, notAfter))) {
+		why := "the CA is two thirds into its life"
+		if requested {
+			why = fmt.Sprintf("%s=%s asks for a new CA", kvv1.AnnotationRotateCA, out.Token)
+		}
+		// Nothing else changes in this reconcile: the next one sees the new CA and what members trust.
+		out.Parts = append(out.Parts, TLSPart{Part: specs.TLSCA, Data: ca, Issue: true, Rotate: true, Why: why})
+		for _, p := range tlsParts(kvc) {
+			p.Data = obs.TLS[p.Part]
+			if p.Data == nil { // lost meanwhile: issued by the CA every member trusts
+				p.Issue, p.Why = true, "missing"
+			}
+			out.Parts = append(out.Parts, p)
+		}
+		return out
+	}
+	if rotating {
+		out.Trust = trustID(trust)
+	}
+	trusted := obs.STSTrust == out.Trust && obs.rolled(kvc)
+	caPart := TLSPart{Part: specs.TLSCA, Data: ca}
+	allFromSigner, settled := true, true
 	for _, p := range tlsParts(kvc) {
 		data, has := obs.TLS[p.Part]
-		switch why := checkPart(data, p, now); {
-		case newCA:
-			p.Issue, p.Why = true, "issued by the new CA"
+		why := checkPart(withCA(data, signer), p, now)
+		switch {
 		case !has:
 			p.Issue, p.Why = true, "missing"
-		case why != "":
-			p.Issue, p.Why = true, why
-		case !bytesEqual(data[specs.CACertKey], ca[corev1.TLSCertKey]):
-			p.Issue, p.Why = true, "not issued by the cluster's CA"
-		default:
-			p.Data = data
+		case why == "":
 			notBefore, notAfter, _ := certs.Expiry(data[corev1.TLSCertKey])
-			if renew := certs.RenewAt(notBefore, notAfter); !now.Before(renew) {
-				p.Issue, p.Data, p.Why = true, nil, fmt.Sprintf("due for renewal (it expires %s)", notAfter.UTC().Format(time.RFC3339))
+			if !now.Before(certs.RenewAt(notBefore, notAfter)) {
+				p.Issue, p.Why = true, fmt.Sprintf("due for renewal (it expires %s)", notAfter.UTC().Format(time.RFC3339))
+			} else if now.Before(notBefore.Add(certs.ClockSkew + volumeUpdate)) {
+				settled = false // members may still read the one before from their volumes
 			}
+		case rotating && !trusted:
+			// Still the old CA's, which every member trusts; the new one's waits until they all do.
+			allFromSigner = false
+			if old := checkPart(data, p, now); old != "" {
+				p.Issue, p.Why = true, old // broken meanwhile: the new CA's is the only one to issue
+			}
+		case rotating:
+			p.Issue, p.Why = true, "the CA is being rotated: every member trusts the new one"
+		default:
+			p.Issue, p.Why = true, why
 		}
+		if !p.Issue {
+			p.Data = withCA(data, trust)
+		}
+		allFromSigner = allFromSigner && !p.Issue
 		out.Parts = append(out.Parts, p)
 	}
+	if rotating && allFromSigner && settled && trusted {
+		// Every certificate is the new CA's: members trust it alone from now on.
+		caPart.Data = map[string][]byte{corev1.TLSCertKey: signer, corev1.TLSPrivateKeyKey: ca[corev1.TLSPrivateKeyKey],
+			specs.CACertKey: signer, specs.RotatedForKey: ca[specs.RotatedForKey]}
+		caPart.Why = "every certificate is the new CA's"
+	}
+	out.Parts = append([]TLSPart{caPart}, out.Parts...)
 	return out
+}
+
+// volumeUpdate is how long a renewed certificate may take to reach the members' Secret volumes.
+const volumeUpdate = 3 * time.Minute
+
+// withCA is a Secret's data with ca.crt set to trust.
+func withCA(data map[string][]byte, trust []byte) map[string][]byte {
+	if data == nil {
+		return nil
+	}
+	out := make(map[string][]byte, len(data))
+	for k, v := range data {
+		out[k] = v
+	}
+	out[specs.CACertKey] = trust
+	return out
+}
+
+// trustID names a CA bundle in the members' template.
+func trustID(bundle []byte) string {
+	sum := sha256.Sum256(bundle)
+	return hex.EncodeToString(sum[:8])
 }
 
 // checkPart says why a Secret's certificate does not fit p, or "".

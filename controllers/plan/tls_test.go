@@ -129,3 +129,108 @@ func TestTLSProblemsStopTheClusterAndRenewalsWakeIt(t *testing.T) {
 		t.Errorf("requeue in %v, want by the renewal 30s from now", p.RequeueAfter)
 	}
 }
+
+// TestCARotation walks a rotation pass by pass, as a cluster goes through it: at no step is a
+// certificate issued by a CA some member does not trust.
+func TestCARotation(t *testing.T) {
+	s := formed(3, "3.7.3")
+	kvc := s.kvc
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	kvc.Annotations = map[string]string{kvv1.AnnotationRotateCA: "2026-11-30"}
+	secrets := issuedTLS(t, kvc, t0.Add(-24*time.Hour))
+	obs := s.obs
+	obs.TLS = secrets
+	parts := func(got TLS) map[string]TLSPart {
+		out := map[string]TLSPart{}
+		for _, p := range got.Parts {
+			out[p.Part] = p
+		}
+		return out
+	}
+
+	// 1. Asked for: a new CA, nothing else.
+	got := planTLS(kvc, obs, t0)
+	if p := parts(got); !p[specs.TLSCA].Issue || !p[specs.TLSCA].Rotate || p[specs.TLSServer].Issue || got.Trust != "" {
+		t.Fatalf("step 1: %+v", got)
+	}
+	// The act's outcome: the new CA signs, old and new are trusted.
+	oldCA, _ := certs.ParseCA(secrets[specs.TLSCA][corev1.TLSCertKey], secrets[specs.TLSCA][corev1.TLSPrivateKeyKey])
+	newCA, _ := certs.NewCA("new", t0, CAValidity)
+	bundle := append(append([]byte{}, oldCA.CertPEM...), newCA.CertPEM...)
+	obs.TLS = map[string]map[string][]byte{specs.TLSCA: {corev1.TLSCertKey: newCA.CertPEM, corev1.TLSPrivateKeyKey: newCA.KeyPEM,
+		specs.CACertKey: bundle, specs.PreviousCAKey: oldCA.CertPEM, specs.RotatedForKey: []byte("2026-11-30")}}
+	for _, part := range []string{specs.TLSServer, specs.TLSPeer, specs.TLSClient} {
+		obs.TLS[part] = secrets[part]
+	}
+
+	// 2. Members must trust both before anything is issued by the new CA: their template changes.
+	got = planTLS(kvc, obs, t0.Add(time.Minute))
+	for name, p := range parts(got) {
+		if p.Issue || (name != specs.TLSCA && string(p.Data[specs.CACertKey]) != string(bundle)) {
+			t.Fatalf("step 2: %s issued %t, trusts %d bytes; want kept, trusting both CAs", name, p.Issue, len(p.Data[specs.CACertKey]))
+		}
+	}
+	if got.Trust == "" {
+		t.Fatal("step 2: the members' template does not change")
+	}
+	// Half the members restarted: still nothing from the new CA.
+	obs.STSTrust = got.Trust
+	pod := obs.Pods[2]
+	pod.Outdated = true
+	obs.Pods[2] = pod
+	if p := parts(planTLS(kvc, obs, t0.Add(2*time.Minute))); p[specs.TLSServer].Issue {
+		t.Fatal("step 2: issued by the new CA while a member does not trust it")
+	}
+
+	// 3. Every member trusts both: every certificate is issued anew by the new CA.
+	pod.Outdated = false
+	obs.Pods[2] = pod
+	got = planTLS(kvc, obs, t0.Add(3*time.Minute))
+	for _, part := range []string{specs.TLSServer, specs.TLSPeer, specs.TLSClient} {
+		if !parts(got)[part].Issue {
+			t.Fatalf("step 3: %s not issued anew: %+v", part, parts(got)[part])
+		}
+	}
+	for _, p := range tlsParts(kvc) {
+		leaf, _ := newCA.Issue(p.Usage, p.Names, t0.Add(3*time.Minute), LeafValidity)
+		obs.TLS[p.Part] = map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, specs.CACertKey: bundle}
+	}
+
+	// 4. Until the new certificates surely reached the members' volumes, both CAs stay trusted.
+	if p := parts(planTLS(kvc, obs, t0.Add(4*time.Minute))); p[specs.TLSCA].Why != "" {
+		t.Fatal("step 4: the old CA dropped before the new certificates reached the members")
+	}
+	// 5. Then the old CA is dropped.
+	got = planTLS(kvc, obs, t0.Add(7*time.Minute))
+	ca := parts(got)[specs.TLSCA]
+	if ca.Why == "" || len(ca.Data[specs.PreviousCAKey]) != 0 || string(ca.Data[specs.CACertKey]) != string(newCA.CertPEM) {
+		t.Fatalf("step 5: CA %+v; want the new CA alone trusted", ca)
+	}
+	obs.TLS[specs.TLSCA] = ca.Data
+
+	// 6. Members restart once more trusting the new CA only; nothing is issued, nothing rotates again.
+	got = planTLS(kvc, obs, t0.Add(8*time.Minute))
+	if got.Trust != "" {
+		t.Fatalf("step 6: trust %q, want the template back to a single CA", got.Trust)
+	}
+	for name, p := range parts(got) {
+		if p.Issue || p.Rotate || (name != specs.TLSCA && string(p.Data[specs.CACertKey]) != string(newCA.CertPEM)) {
+			t.Fatalf("step 6: %s: %+v", name, p)
+		}
+	}
+}
+
+func TestTheCAIsRotatedTwoThirdsIntoItsLife(t *testing.T) {
+	s := formed(3, "3.7.3")
+	s.kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	s.obs.TLS = issuedTLS(t, s.kvc, t0)
+	for _, tt := range []struct {
+		at   time.Time
+		want bool
+	}{{at: t0.Add(CAValidity * 2 / 3).Add(-24 * time.Hour), want: false}, {at: t0.Add(CAValidity * 2 / 3).Add(2 * time.Hour), want: true}} {
+		got := planTLS(s.kvc, s.obs, tt.at)
+		if rotate := got.Parts[0].Rotate; rotate != tt.want {
+			t.Errorf("at %s: rotate %t, want %t", tt.at, rotate, tt.want)
+		}
+	}
+}

@@ -51,7 +51,13 @@ type MemberSet struct {
 	// UnlabelledClaims keeps the claim template of a StatefulSet made by an earlier release, whose
 	// claims do not carry the cluster's UID: a StatefulSet's claim templates cannot change.
 	UnlabelledClaims bool
+	// Trust identifies the CAs members trust (TrustAnnotation): etcd loads its trusted CA files
+	// only at start, so a change of them changes the template, and members restart one at a time.
+	Trust string
 }
+
+// TrustAnnotation on the members' pod template identifies the CA bundle they trust.
+const TrustAnnotation = "kvcluster.io/trusted-ca"
 
 // StatefulSet runs the members, one etcd member per pod.
 //
@@ -74,11 +80,11 @@ func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyC
 			WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
 				WithWhenDeleted(appsv1.RetainPersistentVolumeClaimRetentionPolicyType).
 				WithWhenScaled(appsv1.DeletePersistentVolumeClaimRetentionPolicyType)).
-			WithTemplate(podTemplate(kvc, img, set.Bootstrapping)).
+			WithTemplate(podTemplate(kvc, img, set.Bootstrapping, set.Trust)).
 			WithVolumeClaimTemplates(volumeClaimTemplate(kvc, !set.UnlabelledClaims)))
 }
 
-func podTemplate(kvc *kvv1.KVCluster, img Images, bootstrapping bool) *corev1ac.PodTemplateSpecApplyConfiguration {
+func podTemplate(kvc *kvv1.KVCluster, img Images, bootstrapping bool, trust string) *corev1ac.PodTemplateSpecApplyConfiguration {
 	spec := corev1ac.PodTemplateSpec().
 		WithLabels(Labels(kvc)).
 		WithSpec(corev1ac.PodSpec().
@@ -100,6 +106,9 @@ func podTemplate(kvc *kvv1.KVCluster, img Images, bootstrapping bool) *corev1ac.
 			WithContainers(etcdContainer(kvc, img.EtcdRepository)))
 	if TLSEnabled(kvc) {
 		spec.Spec.WithVolumes(tlsVolume(kvc, TLSServer), tlsVolume(kvc, TLSPeer))
+	}
+	if trust != "" {
+		spec.WithAnnotations(map[string]string{TrustAnnotation: trust})
 	}
 	if kvc.Spec.Restore != nil && bootstrapping {
 		spec.Spec.WithInitContainers(restoreInitContainers(kvc, img)...).WithVolumes(restoreVolumes(kvc)...)

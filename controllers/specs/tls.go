@@ -20,8 +20,10 @@ const (
 
 	// CACertKey is where a Secret of the cert-manager shape holds the CA's certificate.
 	CACertKey = "ca.crt"
-	// CAKeyKey holds the CA's key in the operator's CA Secret (never mounted into a pod).
-	CAKeyKey = "ca.key"
+	// PreviousCAKey holds, in the CA Secret, the CA being replaced while a rotation runs;
+	// RotatedForKey the value of kvcluster.io/rotate-ca the CA answers.
+	PreviousCAKey = "previous.crt"
+	RotatedForKey = "rotated-for"
 
 	tlsMount = "/etc/etcd/tls"
 )

@@ -13,6 +13,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -122,21 +123,51 @@ func (w *writer) check(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-// clientTLS reads the cluster's client certificate (tls.crt, tls.key, ca.crt) from dir; nil
-// without one.
+// clientTLS is the writer's TLS configuration for a cluster with TLS (nil without --tls-dir): it
+// reads the cluster's client certificate and CA from dir (the mounted Secret) for every new
+// connection, as an application must for the operator's renewals and CA rotations to reach it.
 func clientTLS(dir string) (*tls.Config, error) {
 	if dir == "" {
 		return nil, nil
 	}
-	var pems [3][]byte
-	for i, name := range []string{"ca.crt", "tls.crt", "tls.key"} {
-		data, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return nil, err
+	load := func() (*tls.Config, error) {
+		var pems [3][]byte
+		for i, name := range []string{"ca.crt", "tls.crt", "tls.key"} {
+			data, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				return nil, err
+			}
+			pems[i] = data
 		}
-		pems[i] = data
+		return certs.ClientConfig(pems[0], pems[1], pems[2])
 	}
-	return certs.ClientConfig(pems[0], pems[1], pems[2])
+	if _, err := load(); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			current, err := load()
+			if err != nil {
+				return nil, err
+			}
+			return &current.Certificates[0], nil
+		},
+		// The CA is read afresh too; the chain and the name are checked here instead.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			current, err := load()
+			if err != nil {
+				return err
+			}
+			opts := x509.VerifyOptions{Roots: current.RootCAs, DNSName: cs.ServerName, Intermediates: x509.NewCertPool()}
+			for _, c := range cs.PeerCertificates[1:] {
+				opts.Intermediates.AddCert(c)
+			}
+			_, err = cs.PeerCertificates[0].Verify(opts)
+			return err
+		},
+	}, nil
 }
 
 func main() {
