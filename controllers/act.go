@@ -172,7 +172,8 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 // first, then each certificate from it. A Secret is applied whole, with the data it holds, so a
 // new owner (the guard) never drops its keys.
 func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster, tls plan.TLS, guard types.UID, now time.Time) error {
-	var ca certs.CA
+	var ca, previous certs.CA
+	var trust []byte // what the CA Secret says to trust: both CAs while a rotation runs
 	for _, part := range tls.Parts {
 		data := part.Data
 		switch {
@@ -184,28 +185,44 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 			data = map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, specs.CACertKey: ca.CertPEM,
 				specs.RotatedForKey: []byte(tls.Token)}
 			if part.Rotate { // trusted together with the CA it replaces, until every certificate is the new one's
-				old := part.Data[corev1.TLSCertKey]
-				data[specs.PreviousCAKey] = old
+				old, oldKey := part.Data[corev1.TLSCertKey], part.Data[corev1.TLSPrivateKeyKey]
+				data[specs.PreviousCAKey], data[specs.PreviousCAKeyKey] = old, oldKey
 				data[specs.CACertKey] = append(append([]byte{}, old...), ca.CertPEM...)
+			}
+			if previous, err = certs.ParseCA(data[specs.PreviousCAKey], data[specs.PreviousCAKeyKey]); err != nil {
+				previous = certs.CA{} // no rotation runs
 			}
 		case part.Part == specs.TLSCA:
 			var err error
 			if ca, err = certs.ParseCA(data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey]); err != nil {
 				return fmt.Errorf("the CA of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
 			}
+			if previous, err = certs.ParseCA(data[specs.PreviousCAKey], data[specs.PreviousCAKeyKey]); err != nil {
+				previous = certs.CA{} // no rotation runs
+			}
 		case !part.Issue:
 			// Deleted since it was observed (the cache shows it gone): a certificate someone deleted,
 			// maybe because its key leaked, never comes back with that key.
 			if err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.TLSSecretName(kvc, part.Part)}, &corev1.Secret{}); apierrors.IsNotFound(err) {
-				part.Issue, part.Why = true, "its Secret was deleted"
+				// While a rotation runs, by the CA being replaced: every member trusts it throughout.
+				part.Issue, part.ByPrevious, part.Why = true, previous.Cert != nil, "its Secret was deleted"
+			}
+		}
+		if part.Part == specs.TLSCA {
+			if trust = data[specs.CACertKey]; len(trust) == 0 {
+				trust = ca.CertPEM
 			}
 		}
 		if part.Issue && part.Part != specs.TLSCA {
-			leaf, err := ca.Issue(part.Usage, part.Names, now, plan.LeafValidity)
+			issuer := ca
+			if part.ByPrevious && previous.Cert != nil {
+				issuer = previous
+			}
+			leaf, err := issuer.Issue(part.Usage, part.Names, now, plan.LeafValidity)
 			if err != nil {
 				return fmt.Errorf("issue the %s certificate of KVCluster %s/%s: %w", part.Part, kvc.Namespace, kvc.Name, err)
 			}
-			data = map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, specs.CACertKey: ca.CertPEM}
+			data = map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, specs.CACertKey: trust}
 		}
 		name := specs.TLSSecretName(kvc, part.Part)
 		if err := applyOwned(ctx, r.Client, kvc, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &corev1.Secret{},

@@ -31,9 +31,10 @@ type TLSPart struct {
 	// Data is the Secret's data to apply; nil when Issue is set (act issues it).
 	Data map[string][]byte
 	// Issue: a certificate is issued (or renewed) for this part; Why says why. Rotate (the CA):
-	// a new CA replaces the one in Data, trusted together with it.
-	Issue, Rotate bool
-	Why           string
+	// a new CA replaces the one in Data, trusted together with it. ByPrevious: issued by the CA
+	// being replaced, the only one every member trusts until they all restarted.
+	Issue, Rotate, ByPrevious bool
+	Why                       string
 }
 
 // TLS is what a reconcile does about a cluster's certificates.
@@ -130,7 +131,7 @@ func planRotation(kvc *kvv1.KVCluster, obs Observation, now time.Time, out TLS, 
 		for _, p := range tlsParts(kvc) {
 			p.Data = obs.TLS[p.Part]
 			if p.Data == nil { // lost meanwhile: issued by the CA every member trusts
-				p.Issue, p.Why = true, "missing"
+				p.Issue, p.ByPrevious, p.Why = true, true, "missing"
 			}
 			out.Parts = append(out.Parts, p)
 		}
@@ -148,6 +149,7 @@ func planRotation(kvc *kvv1.KVCluster, obs Observation, now time.Time, out TLS, 
 		switch {
 		case !has:
 			p.Issue, p.Why = true, "missing"
+			p.ByPrevious = rotating && !trusted
 		case why == "":
 			notBefore, notAfter, _ := certs.Expiry(data[corev1.TLSCertKey])
 			if !now.Before(certs.RenewAt(notBefore, notAfter)) {
@@ -159,7 +161,7 @@ func planRotation(kvc *kvv1.KVCluster, obs Observation, now time.Time, out TLS, 
 			// Still the old CA's, which every member trusts; the new one's waits until they all do.
 			allFromSigner = false
 			if old := checkPart(data, p, now); old != "" {
-				p.Issue, p.Why = true, old // broken meanwhile: the new CA's is the only one to issue
+				p.Issue, p.ByPrevious, p.Why = true, true, old
 			}
 		case rotating:
 			p.Issue, p.Why = true, "the CA is being rotated: every member trusts the new one"

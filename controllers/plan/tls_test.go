@@ -181,6 +181,13 @@ func TestCARotation(t *testing.T) {
 	if p := parts(planTLS(kvc, obs, t0.Add(2*time.Minute))); p[specs.TLSServer].Issue {
 		t.Fatal("step 2: issued by the new CA while a member does not trust it")
 	}
+	// A certificate lost meanwhile is issued by the old CA, the one every member trusts.
+	peer := obs.TLS[specs.TLSPeer]
+	delete(obs.TLS, specs.TLSPeer)
+	if p := parts(planTLS(kvc, obs, t0.Add(2*time.Minute)))[specs.TLSPeer]; !p.Issue || !p.ByPrevious {
+		t.Fatalf("step 2: a lost certificate: %+v; want it issued by the old CA", p)
+	}
+	obs.TLS[specs.TLSPeer] = peer
 
 	// 3. Every member trusts both: every certificate is issued anew by the new CA.
 	pod.Outdated = false

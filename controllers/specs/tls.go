@@ -20,10 +20,11 @@ const (
 
 	// CACertKey is where a Secret of the cert-manager shape holds the CA's certificate.
 	CACertKey = "ca.crt"
-	// PreviousCAKey holds, in the CA Secret, the CA being replaced while a rotation runs;
-	// RotatedForKey the value of kvcluster.io/rotate-ca the CA answers.
-	PreviousCAKey = "previous.crt"
-	RotatedForKey = "rotated-for"
+	// PreviousCAKey and PreviousCAKeyKey hold, in the CA Secret, the CA being replaced while a
+	// rotation runs; RotatedForKey the value of kvcluster.io/rotate-ca the CA answers.
+	PreviousCAKey    = "previous.crt"
+	PreviousCAKeyKey = "previous.key"
+	RotatedForKey    = "rotated-for"
 
 	tlsMount = "/etc/etcd/tls"
 )
