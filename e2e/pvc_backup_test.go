@@ -42,20 +42,26 @@ func namespaceWithBackupClaim(ctx context.Context, t *testing.T, cfg *envconf.Co
 	return ns
 }
 
+// backedUpOnClaim is a cluster on 256Mi volumes backed up every minute onto the claim
+// "backup-volume" (see namespaceWithBackupClaim).
+func backedUpOnClaim(ns, name string, partitions int32) *kvv1.KVCluster {
+	return &kvv1.KVCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: kvv1.KVClusterSpec{
+			Version: "3.7.3", Partitions: partitions, BackupSchedule: "*/1 * * * *",
+			Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+			Backup:  &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}},
+		},
+	}
+}
+
 func TestBackupsOnAPersistentVolumeClaim(t *testing.T) {
 	var kvc *kvv1.KVCluster
 	f := features.New("backups to a PersistentVolumeClaim, and a restore from it").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			ns := namespaceWithBackupClaim(ctx, t, cfg, "kvc-pvc", "backup-volume", "512Mi")
 			r := cfg.Client().Resources()
-			kvc = &kvv1.KVCluster{
-				ObjectMeta: metav1.ObjectMeta{Name: "ledger", Namespace: ns},
-				Spec: kvv1.KVClusterSpec{
-					Version: "3.7.3", Partitions: 1, BackupSchedule: "*/1 * * * *",
-					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
-					Backup:  &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}},
-				},
-			}
+			kvc = backedUpOnClaim(ns, "ledger", 1)
 			if err := r.Create(ctx, kvc); err != nil {
 				t.Fatal(err)
 			}

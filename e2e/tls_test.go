@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/e2e-framework/klient/k8s"
@@ -62,15 +61,8 @@ func TestTLSCluster(t *testing.T) {
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			ns := namespaceWithBackupClaim(ctx, t, cfg, "kvc-tls", "backup-volume", "256Mi")
 			r := cfg.Client().Resources()
-			kvc = &kvv1.KVCluster{
-				ObjectMeta: metav1.ObjectMeta{Name: "vault", Namespace: ns},
-				Spec: kvv1.KVClusterSpec{
-					Version: "3.7.3", Partitions: 3, BackupSchedule: "*/1 * * * *",
-					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
-					Backup:  &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}},
-					TLS:     &kvv1.TLSSpec{Mode: kvv1.TLSOperator},
-				},
-			}
+			kvc = backedUpOnClaim(ns, "vault", 3)
+			kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
 			if err := r.Create(ctx, kvc); err != nil {
 				t.Fatal(err)
 			}
