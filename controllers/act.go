@@ -203,7 +203,10 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 		case !part.Issue:
 			// Deleted since it was observed (the cache shows it gone): a certificate someone deleted,
 			// maybe because its key leaked, never comes back with that key.
-			if err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.TLSSecretName(kvc, part.Part)}, &corev1.Secret{}); apierrors.IsNotFound(err) {
+			// Asked of the API server too: one created a moment ago may not be in the cache yet.
+			if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.TLSSecretName(kvc, part.Part)}, &corev1.Secret{}); err != nil {
+				return err
+			} else if !found {
 				// While a rotation runs, by the CA being replaced: every member trusts it throughout.
 				part.Issue, part.ByPrevious, part.Why = true, previous.Cert != nil, "its Secret was deleted"
 			}
@@ -215,7 +218,11 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 		}
 		if part.Issue && part.Part != specs.TLSCA {
 			issuer := ca
-			if part.ByPrevious && previous.Cert != nil {
+			if part.ByPrevious {
+				if previous.Cert == nil { // never fall back to a CA the members may not trust yet
+					return fmt.Errorf("the %s certificate of KVCluster %s/%s must be issued by the CA being replaced, which Secret %s no longer holds",
+						part.Part, kvc.Namespace, kvc.Name, specs.TLSSecretName(kvc, specs.TLSCA))
+				}
 				issuer = previous
 			}
 			leaf, err := issuer.Issue(part.Usage, part.Names, now, plan.LeafValidity)

@@ -99,8 +99,9 @@ func TestATLSClusterGetsItsCertificates(t *testing.T) {
 	}
 	h.reconcile(kvc)
 	again := secret(specs.TLSPeer)
-	if again.UID == peer.UID || string(again.Data[specs.CACertKey]) != string(ca.Data[corev1.TLSCertKey]) {
-		t.Errorf("the lost peer certificate was not issued again from the same CA")
+	if err := certs.Check(again.Data[corev1.TLSCertKey], again.Data[corev1.TLSPrivateKeyKey], ca.Data[corev1.TLSCertKey], certs.Peer,
+		specs.PeerNames(kvc), h.clock.Now()); again.UID == peer.UID || err != nil {
+		t.Errorf("the lost peer certificate was not issued again from the same CA: %v", err)
 	}
 	if ev := drainEvents(h); !strings.Contains(ev, plan.EventCertificateIssued) {
 		t.Errorf("events = %q, want the new certificate announced", ev)

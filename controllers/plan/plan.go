@@ -107,7 +107,7 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	if untilBackup > 0 && untilBackup < p.RequeueAfter {
 		p.RequeueAfter = untilBackup
 	}
-	if renew := p.TLS.NextRenewal(); !renew.IsZero() && renew.Sub(now) < p.RequeueAfter {
+	if renew := p.TLS.NextRenewal(now); !renew.IsZero() && renew.Sub(now) < p.RequeueAfter {
 		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
 	st.Certificates = certificateStatuses(kvc, obs)

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -41,7 +42,8 @@ type TLSPart struct {
 type TLS struct {
 	// Token is the value of AnnotationRotateCA the CA answers (kept in its Secret).
 	Token string
-	// Trust identifies the CAs members must trust while a CA rotation runs ("" otherwise).
+	// Trust identifies the CAs members must trust: while a CA rotation runs (mode Operator), and
+	// your Secrets' (mode Secrets); "" otherwise.
 	Trust string
 	// Parts are the operator's Secrets to apply (mode Operator), the CA first.
 	Parts []TLSPart
@@ -75,7 +77,9 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 				return TLS{Problem: fmt.Sprintf("Secret %s (%s certificate) %s", specs.TLSSecretName(kvc, p.Part), p.Part, why)}
 			}
 		}
-		return TLS{}
+		// Members load the CAs they trust at start: when yours change, they restart one at a time.
+		trust := append(append([]byte{}, obs.TLS[specs.TLSServer][specs.CACertKey]...), obs.TLS[specs.TLSPeer][specs.CACertKey]...)
+		return TLS{Trust: trustID(trust)}
 	}
 	out := TLS{Token: kvc.Annotations[kvv1.AnnotationRotateCA]}
 	ca, hasCA := obs.TLS[specs.TLSCA]
@@ -141,6 +145,13 @@ func planRotation(kvc *kvv1.KVCluster, obs Observation, now time.Time, out TLS, 
 		out.Trust = trustID(trust)
 	}
 	trusted := obs.STSTrust == out.Trust && obs.rolled(kvc)
+	// What members trust is in the Secrets they mounted (whichever is left); outside a rotation, no
+	// roll to a new trust may be pending either.
+	mounted := obs.TLS[specs.TLSPeer][specs.CACertKey]
+	if len(mounted) == 0 {
+		mounted = obs.TLS[specs.TLSServer][specs.CACertKey]
+	}
+	signerTrusted := !bootstrapped(kvc, obs) || len(mounted) == 0 || (containsCert(mounted, signer) && (rotating || obs.STSTrust == ""))
 	caPart := TLSPart{Part: specs.TLSCA, Data: ca}
 	allFromSigner, settled := true, true
 	for _, p := range tlsParts(kvc) {
@@ -150,6 +161,15 @@ func planRotation(kvc *kvv1.KVCluster, obs Observation, now time.Time, out TLS, 
 		case !has:
 			p.Issue, p.Why = true, "missing"
 			p.ByPrevious = rotating && !trusted
+		case rotating && !trusted && why != "":
+			// Still the old CA's, which every member trusts; the new one's waits until they all do.
+			allFromSigner = false
+			notBefore, notAfter, _ := certs.Expiry(data[corev1.TLSCertKey])
+			if old := checkPart(data, p, now); old != "" {
+				p.Issue, p.ByPrevious, p.Why = true, true, old
+			} else if !now.Before(certs.RenewAt(notBefore, notAfter)) {
+				p.Issue, p.ByPrevious, p.Why = true, true, "due for renewal while the CA is rotated"
+			}
 		case why == "":
 			notBefore, notAfter, _ := certs.Expiry(data[corev1.TLSCertKey])
 			if !now.Before(certs.RenewAt(notBefore, notAfter)) {
@@ -157,16 +177,21 @@ func planRotation(kvc *kvv1.KVCluster, obs Observation, now time.Time, out TLS, 
 			} else if now.Before(notBefore.Add(certs.ClockSkew + volumeUpdate)) {
 				settled = false // members may still read the one before from their volumes
 			}
-		case rotating && !trusted:
-			// Still the old CA's, which every member trusts; the new one's waits until they all do.
-			allFromSigner = false
-			if old := checkPart(data, p, now); old != "" {
-				p.Issue, p.ByPrevious, p.Why = true, true, old
-			}
 		case rotating:
 			p.Issue, p.Why = true, "the CA is being rotated: every member trusts the new one"
 		default:
 			p.Issue, p.Why = true, why
+		}
+		if p.Issue && !p.ByPrevious && !signerTrusted {
+			// Members would reject what the signer issues (the CA Secret was replaced or lost its
+			// rotation state): keep what they trust while it lasts, and say what to do.
+			if has && checkPart(data, p, now) == "" {
+				p.Issue, p.Why = false, ""
+			} else {
+				return TLS{Problem: fmt.Sprintf("the %s certificate must be issued anew, but the CA in Secret %s is not one the members trust "+
+					"(was the Secret replaced, or a CA rotation's old CA removed from it?): restore the CA the members started with",
+					p.Part, specs.TLSSecretName(kvc, specs.TLSCA))}
+			}
 		}
 		if !p.Issue {
 			p.Data = withCA(data, trust)
@@ -224,7 +249,7 @@ func checkPart(data map[string][]byte, p TLSPart, now time.Time) string {
 
 // NextRenewal is when the earliest of the cluster's certificates is due for renewal; zero when
 // none is known.
-func (t TLS) NextRenewal() time.Time {
+func (t TLS) NextRenewal(now time.Time) time.Time {
 	var next time.Time
 	for _, p := range t.Parts {
 		if p.Part == specs.TLSCA || p.Data == nil {
@@ -234,7 +259,8 @@ func (t TLS) NextRenewal() time.Time {
 		if err != nil {
 			continue
 		}
-		if at := certs.RenewAt(notBefore, notAfter); next.IsZero() || at.Before(next) {
+		// One past due and kept (waiting on a rotation) is looked at again with the next poll.
+		if at := certs.RenewAt(notBefore, notAfter); at.After(now) && (next.IsZero() || at.Before(next)) {
 			next = at
 		}
 	}
@@ -242,6 +268,11 @@ func (t TLS) NextRenewal() time.Time {
 }
 
 func bytesEqual(a, b []byte) bool { return slices.Equal(a, b) }
+
+// containsCert: the PEM bundle holds the PEM certificate cert.
+func containsCert(bundle, cert []byte) bool {
+	return len(cert) > 0 && bytes.Contains(bundle, bytes.TrimSpace(cert))
+}
 
 // certificateStatuses are the expiry dates of the certificates the cluster's Secrets hold now
 // (one issued in this reconcile shows in the next), and when the operator renews its own.

@@ -9,6 +9,7 @@ import (
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/certs"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/memberstest"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -78,6 +79,7 @@ func TestPlanTLS(t *testing.T) {
 		now         time.Time
 		wantIssue   string // the parts issued, in order
 		wantProblem string // words of the problem, or ""
+		wantTrust   bool   // the members' template names the CAs they trust
 	}{
 		{name: "plaintext: nothing", kvc: kvcIn("", 0), now: t0},
 		{name: "a new cluster: a CA, then each certificate from it", kvc: operator, now: t0, wantIssue: "ca server peer client"},
@@ -89,7 +91,7 @@ func TestPlanTLS(t *testing.T) {
 		{name: "a certificate of another CA is issued again", kvc: operator, secrets: replaced(specs.TLSClient, otherCA[specs.TLSClient]), now: t0.Add(time.Hour), wantIssue: "client"},
 		{name: "a formed cluster's lost CA is never replaced: its members trust only the old one", kvc: formedOp, secrets: without(specs.TLSCA), now: t0.Add(time.Hour),
 			wantProblem: "CA Secret kv-tls-ca is missing"},
-		{name: "your Secrets fit", kvc: secrets, secrets: given, now: t0.Add(time.Hour)},
+		{name: "your Secrets fit", kvc: secrets, secrets: given, now: t0.Add(time.Hour), wantTrust: true},
 		{name: "your Secret is missing", kvc: secrets, secrets: map[string]map[string][]byte{specs.TLSServer: given[specs.TLSServer]}, now: t0.Add(time.Hour),
 			wantProblem: "Secret etcd-peer (peer certificate) does not exist"},
 		{name: "your Secret lacks a key", kvc: secrets, secrets: noKey, now: t0.Add(time.Hour), wantProblem: "Secret etcd-peer (peer certificate) has no tls.key"},
@@ -110,6 +112,9 @@ func TestPlanTLS(t *testing.T) {
 					t.Errorf("%s is neither kept nor issued", p.Part)
 				}
 			}
+			if (got.Trust != "") != tt.wantTrust {
+				t.Errorf("trust %q, want one %t", got.Trust, tt.wantTrust)
+			}
 			if strings.Join(issued, " ") != tt.wantIssue || !strings.Contains(got.Problem, tt.wantProblem) || (got.Problem == "") != (tt.wantProblem == "") {
 				t.Errorf("issues %v, problem %q; want %q, %q", issued, got.Problem, tt.wantIssue, tt.wantProblem)
 			}
@@ -124,9 +129,17 @@ func TestTLSProblemsStopTheClusterAndRenewalsWakeIt(t *testing.T) {
 		t.Errorf("phase %s/%s, objects %t (%s); want Failed TLSInvalid with nothing written", p.Status.Phase, p.Reason, p.Children != nil, p.Message)
 	}
 	operator := withTLS(kvv1.TLSOperator)
-	secrets := issuedTLS(t, operator, t0.Add(-LeafValidity*2/3+30*time.Second))
-	if p := Make(operator, Observation{TLS: secrets}, t0, Config{}); p.RequeueAfter > 30*time.Second || p.RequeueAfter <= 0 {
-		t.Errorf("requeue in %v, want by the renewal 30s from now", p.RequeueAfter)
+	secrets := issuedTLS(t, operator, t0.Add(-time.Hour))
+	notBefore, notAfter, _ := certs.Expiry(secrets[specs.TLSServer][corev1.TLSCertKey])
+	renew := certs.RenewAt(notBefore, notAfter)
+	etcd := memberstest.Healthy(operator, 3, "3.7.3")
+	obs := Observation{TLS: secrets, ReadyMembers: 3, Cluster: &etcd, STSSettled: true}
+	operator.Status = kvv1.KVClusterStatus{Phase: kvv1.PhaseReady, CurrentVersion: "3.7.3"}
+	if p := Make(operator, obs, renew.Add(-30*time.Second), Config{}); p.RequeueAfter != 30*time.Second {
+		t.Errorf("requeue in %v, want at the renewal 30s from now", p.RequeueAfter)
+	}
+	if p := Make(operator, obs, renew.Add(time.Second), Config{}); p.RequeueAfter < time.Minute {
+		t.Errorf("requeue in %v once the renewal is done, want the healthy poll", p.RequeueAfter)
 	}
 }
 
@@ -151,7 +164,7 @@ func TestCARotation(t *testing.T) {
 	// 1. Asked for: a new CA, nothing else.
 	got := planTLS(kvc, obs, t0)
 	if p := parts(got); !p[specs.TLSCA].Issue || !p[specs.TLSCA].Rotate || p[specs.TLSServer].Issue || got.Trust != "" {
-		t.Fatalf("step 1: %+v", got)
+		t.Fatalf("step 1: CA issue %t rotate %t, server issue %t, trust %q", p[specs.TLSCA].Issue, p[specs.TLSCA].Rotate, p[specs.TLSServer].Issue, got.Trust)
 	}
 	// The act's outcome: the new CA signs, old and new are trusted.
 	oldCA, _ := certs.ParseCA(secrets[specs.TLSCA][corev1.TLSCertKey], secrets[specs.TLSCA][corev1.TLSPrivateKeyKey])
@@ -173,6 +186,9 @@ func TestCARotation(t *testing.T) {
 	if got.Trust == "" {
 		t.Fatal("step 2: the members' template does not change")
 	}
+	for _, part := range []string{specs.TLSServer, specs.TLSPeer, specs.TLSClient} { // as act applied them
+		obs.TLS[part] = parts(got)[part].Data
+	}
 	// Half the members restarted: still nothing from the new CA.
 	obs.STSTrust = got.Trust
 	pod := obs.Pods[2]
@@ -185,7 +201,7 @@ func TestCARotation(t *testing.T) {
 	peer := obs.TLS[specs.TLSPeer]
 	delete(obs.TLS, specs.TLSPeer)
 	if p := parts(planTLS(kvc, obs, t0.Add(2*time.Minute)))[specs.TLSPeer]; !p.Issue || !p.ByPrevious {
-		t.Fatalf("step 2: a lost certificate: %+v; want it issued by the old CA", p)
+		t.Fatalf("step 2: a lost certificate: issue %t, by the old CA %t; want it issued by the old CA", p.Issue, p.ByPrevious)
 	}
 	obs.TLS[specs.TLSPeer] = peer
 
@@ -195,7 +211,7 @@ func TestCARotation(t *testing.T) {
 	got = planTLS(kvc, obs, t0.Add(3*time.Minute))
 	for _, part := range []string{specs.TLSServer, specs.TLSPeer, specs.TLSClient} {
 		if !parts(got)[part].Issue {
-			t.Fatalf("step 3: %s not issued anew: %+v", part, parts(got)[part])
+			t.Fatalf("step 3: %s not issued anew (%s)", part, got.Problem)
 		}
 	}
 	for _, p := range tlsParts(kvc) {
@@ -211,7 +227,7 @@ func TestCARotation(t *testing.T) {
 	got = planTLS(kvc, obs, t0.Add(7*time.Minute))
 	ca := parts(got)[specs.TLSCA]
 	if ca.Why == "" || len(ca.Data[specs.PreviousCAKey]) != 0 || string(ca.Data[specs.CACertKey]) != string(newCA.CertPEM) {
-		t.Fatalf("step 5: CA %+v; want the new CA alone trusted", ca)
+		t.Fatalf("step 5: CA (%s, %d keys); want the new CA alone trusted", ca.Why, len(ca.Data))
 	}
 	obs.TLS[specs.TLSCA] = ca.Data
 
@@ -222,7 +238,7 @@ func TestCARotation(t *testing.T) {
 	}
 	for name, p := range parts(got) {
 		if p.Issue || p.Rotate || (name != specs.TLSCA && string(p.Data[specs.CACertKey]) != string(newCA.CertPEM)) {
-			t.Fatalf("step 6: %s: %+v", name, p)
+			t.Fatalf("step 6: %s: issue %t, rotate %t, trusts %d bytes", name, p.Issue, p.Rotate, len(p.Data[specs.CACertKey]))
 		}
 	}
 }
@@ -238,6 +254,52 @@ func TestTheCAIsRotatedTwoThirdsIntoItsLife(t *testing.T) {
 		got := planTLS(s.kvc, s.obs, tt.at)
 		if rotate := got.Parts[0].Rotate; rotate != tt.want {
 			t.Errorf("at %s: rotate %t, want %t", tt.at, rotate, tt.want)
+		}
+	}
+}
+
+// TestACertificateIsNeverIssuedByACAMembersDoNotTrust: a CA Secret replaced under a formed cluster
+// (restored from an older backup, or stripped of a rotation's old CA) signs nothing the members
+// would reject; a certificate due during a stalled rotation is renewed by the old CA.
+func TestACertificateIsNeverIssuedByACAMembersDoNotTrust(t *testing.T) {
+	s := formed(3, "3.7.3")
+	kvc := s.kvc
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	trusted := issuedTLS(t, kvc, t0.Add(-24*time.Hour))
+	other := issuedTLS(t, kvc, t0.Add(-24*time.Hour))
+
+	replaced := Observation{Pods: s.obs.Pods, STSSettled: true, TLS: map[string]map[string][]byte{}}
+	for k, v := range trusted {
+		replaced.TLS[k] = v
+	}
+	replaced.TLS[specs.TLSCA] = other[specs.TLSCA]
+	got := planTLS(kvc, replaced, t0)
+	for _, p := range got.Parts {
+		if p.Issue {
+			t.Errorf("%s is issued by a CA the members do not trust", p.Part)
+		}
+	}
+	delete(replaced.TLS, specs.TLSPeer) // and one certificate is lost: nothing can be issued
+	if got := planTLS(kvc, replaced, t0); !strings.Contains(got.Problem, "not one the members trust") {
+		t.Errorf("problem %q, want the replaced CA named", got.Problem)
+	}
+
+	// A rotation that cannot go on (a member down): certificates due are renewed by the old CA.
+	oldCA, _ := certs.ParseCA(trusted[specs.TLSCA][corev1.TLSCertKey], trusted[specs.TLSCA][corev1.TLSPrivateKeyKey])
+	newCA, _ := certs.NewCA("new", t0, CAValidity)
+	bundle := append(append([]byte{}, oldCA.CertPEM...), newCA.CertPEM...)
+	stalled := s.obs
+	stalled.TLS = map[string]map[string][]byte{specs.TLSCA: {corev1.TLSCertKey: newCA.CertPEM, corev1.TLSPrivateKeyKey: newCA.KeyPEM,
+		specs.CACertKey: bundle, specs.PreviousCAKey: oldCA.CertPEM, specs.PreviousCAKeyKey: oldCA.KeyPEM}}
+	for _, part := range []string{specs.TLSServer, specs.TLSPeer, specs.TLSClient} {
+		stalled.TLS[part] = withCA(trusted[part], bundle)
+	}
+	pod := stalled.Pods[1]
+	pod.Ready = false
+	stalled.Pods[1] = pod
+	for _, p := range planTLS(kvc, stalled, t0.Add(LeafValidity*2/3)).Parts {
+		if p.Part != specs.TLSCA && (!p.Issue || !p.ByPrevious) {
+			t.Errorf("%s due during a stalled rotation: issue %t, by the old CA %t; want renewed by the old CA", p.Part, p.Issue, p.ByPrevious)
 		}
 	}
 }
