@@ -72,14 +72,9 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	if obs.TLS, err = r.observeTLS(ctx, kvc, &obs); err != nil {
 		return obs, nil, err
 	}
-	if specs.TLSEnabled(kvc) {
-		client := obs.TLS[specs.TLSClient]
-		config, err := certs.ClientConfig(client[specs.CACertKey], client[corev1.TLSCertKey], client[corev1.TLSPrivateKeyKey])
-		if err != nil {
-			obs.EtcdErr = fmt.Errorf("no usable client certificate in Secret %s yet: %w", specs.TLSSecretName(kvc, specs.TLSClient), err)
-			return obs, etcd, nil
-		}
-		etcd = r.Members.WithTLS(config)
+	if etcd, err = r.membersClient(kvc, obs.TLS); err != nil {
+		obs.EtcdErr = err
+		return obs, r.Members, nil
 	}
 	if sts.Status.Replicas == 0 && len(obs.Pods) == 0 {
 		obs.EtcdErr = fmt.Errorf("no member pods exist yet")
@@ -126,6 +121,20 @@ func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluste
 		out[part] = secret.Data
 	}
 	return out, nil
+}
+
+// membersClient is the client that speaks to the cluster's members: with the client
+// certificate of its TLS Secrets (secrets, as observeTLS read them) when it has TLS.
+func (r *KVClusterReconciler) membersClient(kvc *kvv1.KVCluster, secrets map[string]map[string][]byte) (members.Client, error) {
+	if !specs.TLSEnabled(kvc) {
+		return r.Members, nil
+	}
+	c := secrets[specs.TLSClient]
+	config, err := certs.ClientConfig(c[specs.CACertKey], c[corev1.TLSCertKey], c[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("no usable client certificate in Secret %s yet: %w", specs.TLSSecretName(kvc, specs.TLSClient), err)
+	}
+	return r.Members.WithTLS(config), nil
 }
 
 // observePods reads the member pods and the data claims they run on.
@@ -301,18 +310,14 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	}
 	// The fence speaks to the members with the cluster's client certificate; without a usable
 	// one it fails, and the final backup goes on unfenced, saying so.
-	etcd := r.Members
-	if specs.TLSEnabled(kvc) {
-		secrets, err := r.observeTLS(ctx, kvc, &plan.Observation{})
-		if err != nil {
-			return nil, obs, nil, err
-		}
-		c := secrets[specs.TLSClient]
-		if config, err := certs.ClientConfig(c[specs.CACertKey], c[corev1.TLSCertKey], c[corev1.TLSPrivateKeyKey]); err == nil {
-			etcd = r.Members.WithTLS(config)
-		}
+	secrets, err := r.observeTLS(ctx, kvc, &plan.Observation{})
+	if err != nil {
+		return nil, obs, nil, err
 	}
-	var err error
+	etcd, err := r.membersClient(kvc, secrets)
+	if err != nil {
+		etcd = r.Members
+	}
 	if obs.NamespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
 		return nil, obs, nil, err
 	}

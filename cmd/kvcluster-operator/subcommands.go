@@ -352,16 +352,8 @@ func withoutURL(err error, target *neturl.URL) error {
 // loadClientTLS reads a cluster's client certificate, key and CA from the files of its mounted
 // Secret.
 func loadClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
-	var pems [3][]byte
-	for i, f := range []string{caFile, certFile, keyFile} {
-		if f == "" {
-			return nil, errors.New("--cacert, --cert and --key-file go together")
-		}
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", f, err)
-		}
-		pems[i] = data
+	if caFile == "" || certFile == "" || keyFile == "" {
+		return nil, errors.New("--cacert, --cert and --key-file go together")
 	}
-	return certs.ClientConfig(pems[0], pems[1], pems[2])
+	return certs.LoadClientConfig(caFile, certFile, keyFile)
 }

@@ -393,7 +393,7 @@ func (d *deletion) announce(p *DeletionPass, before, after kvv1.DeletionStep) {
 			return // still running
 		}
 		if after.Name == kvv1.StepDrain {
-			event(corev1.EventTypeNormal, EventDrainStarted, "%s", after.Message)
+			event(corev1.EventTypeNormal, StepEvent(after.Name, after.Outcome), "%s", after.Message)
 			return
 		}
 		event(corev1.EventTypeNormal, StepEvent(after.Name, after.Outcome), "started the %s Job %s before deleting the cluster", what, after.Job)
@@ -404,19 +404,19 @@ func (d *deletion) announce(p *DeletionPass, before, after kvv1.DeletionStep) {
 				event(corev1.EventTypeWarning, EventWritesNotFenced, "%s", after.Message)
 				return
 			}
-			event(corev1.EventTypeNormal, EventWritesFenced, "%s", after.Message)
+			event(corev1.EventTypeNormal, StepEvent(after.Name, after.Outcome), "%s", after.Message)
 		case kvv1.StepFinalBackup:
 			fenced := "writes were not fenced"
 			if drain, _ := FindStep(d.status.Deletion, kvv1.StepDrain); drain.Revision > 0 {
 				fenced = fmt.Sprintf("writes were fenced at revision %d: it holds the cluster's last state", drain.Revision)
 			}
-			event(corev1.EventTypeNormal, EventFinalBackupCompleted, "final backup %s %s; %s; deleting the cluster", after.Job, after.Message, fenced)
+			event(corev1.EventTypeNormal, StepEvent(after.Name, after.Outcome), "final backup %s %s; %s; deleting the cluster", after.Job, after.Message, fenced)
 		default:
 			event(corev1.EventTypeNormal, StepEvent(after.Name, after.Outcome), "%s Job %s succeeded: %s", what, after.Job, after.Message)
 		}
 	case kvv1.DeletionSkipped:
 		if after.Name == kvv1.StepFinalBackup {
-			lost("skipped", EventFinalBackupSkipped, "deleting without a final backup ("+after.Message+")")
+			lost("skipped", StepEvent(after.Name, after.Outcome), "deleting without a final backup ("+after.Message+")")
 		}
 	case kvv1.DeletionFailed:
 		if d.blocking {

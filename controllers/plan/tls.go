@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -266,8 +265,6 @@ func (t TLS) NextRenewal(now time.Time) time.Time {
 	}
 	return next
 }
-
-func bytesEqual(a, b []byte) bool { return slices.Equal(a, b) }
 
 // containsCert: the PEM bundle holds the PEM certificate cert.
 func containsCert(bundle, cert []byte) bool {

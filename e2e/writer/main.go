@@ -20,7 +20,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -131,15 +130,7 @@ func clientTLS(dir string) (*tls.Config, error) {
 		return nil, nil
 	}
 	load := func() (*tls.Config, error) {
-		var pems [3][]byte
-		for i, name := range []string{"ca.crt", "tls.crt", "tls.key"} {
-			data, err := os.ReadFile(filepath.Join(dir, name))
-			if err != nil {
-				return nil, err
-			}
-			pems[i] = data
-		}
-		return certs.ClientConfig(pems[0], pems[1], pems[2])
+		return certs.LoadClientConfig(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
 	}
 	if _, err := load(); err != nil {
 		return nil, err
