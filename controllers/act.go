@@ -325,7 +325,7 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		}
 
 	case plan.ActMoveLeader:
-		if err := etcd.MoveLeader(ctx, specs.MemberClientURL(kvc, ro.Ordinal), ro.To); err != nil {
+		if err := etcd.MoveLeader(ctx, ro.Endpoint, ro.To); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 
@@ -347,11 +347,16 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		// Through the other members: the one being removed answers "server stopped" even on success.
 		others := make([]string, 0, len(endpoints))
 		for _, u := range endpoints {
-			if u != specs.MemberClientURL(kvc, ro.Ordinal) {
+			if u != ro.Endpoint {
 				others = append(others, u)
 			}
 		}
 		if err := etcd.Remove(ctx, others, ro.MemberID); err != nil {
+			return r.etcdRefused(ctx, kvc, ro, err)
+		}
+
+	case plan.ActUpdatePeerURL:
+		if err := etcd.UpdatePeerURL(ctx, endpoints, ro.MemberID, ro.PeerURL); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 

@@ -99,7 +99,7 @@ func (r *KVClusterReconciler) deletionAction(ctx context.Context, kvc *kvv1.KVCl
 		}
 		obs.DrainedAt = &a.DrainedAt
 	case plan.FenceWrites:
-		revision, err := etcd.FenceWrites(ctx, specs.MemberClientURLs(kvc))
+		revision, err := etcd.FenceWrites(ctx, specs.MemberClientURLs(kvc, obs.ClientScheme))
 		acted.Fenced = &plan.Fence{Revision: revision, Err: err}
 	case plan.StartJob:
 		if acted.Started == nil {

@@ -72,7 +72,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	if obs.TLS, err = r.observeTLS(ctx, kvc, &obs); err != nil {
 		return obs, nil, err
 	}
-	if etcd, err = r.membersClient(kvc, obs.TLS); err != nil {
+	if etcd, err = r.membersClient(kvc, obs.ClientScheme(kvc), obs.TLS); err != nil {
 		obs.EtcdErr = err
 		return obs, r.Members, nil
 	}
@@ -80,9 +80,10 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		obs.EtcdErr = fmt.Errorf("no member pods exist yet")
 		return obs, etcd, nil
 	}
+	scheme := obs.ClientScheme(kvc)
 	cluster, err := etcd.Cluster(ctx, obs.ClientURLs(kvc), func(m members.Member) (string, bool) {
 		ord, ok := plan.MemberOrdinal(kvc, m)
-		return specs.MemberClientURL(kvc, ord), ok
+		return specs.MemberClientURL(kvc, scheme, ord), ok
 	})
 	if err != nil {
 		obs.EtcdErr = err
@@ -123,10 +124,10 @@ func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluste
 	return out, nil
 }
 
-// membersClient is the client that speaks to the cluster's members: with the client
-// certificate of its TLS Secrets (secrets, as observeTLS read them) when it has TLS.
-func (r *KVClusterReconciler) membersClient(kvc *kvv1.KVCluster, secrets map[string]map[string][]byte) (members.Client, error) {
-	if !specs.TLSEnabled(kvc) {
+// membersClient is the client that speaks to the cluster's members in scheme: over https with
+// the client certificate of its TLS Secrets (secrets, as observeTLS read them).
+func (r *KVClusterReconciler) membersClient(kvc *kvv1.KVCluster, scheme string, secrets map[string]map[string][]byte) (members.Client, error) {
+	if scheme != "https" {
 		return r.Members, nil
 	}
 	c := secrets[specs.TLSClient]
@@ -165,6 +166,9 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 			Terminating: pod.DeletionTimestamp != nil,
 			Outdated:    obs.STSSettled && pod.Labels[appsv1.StatefulSetRevisionLabel] != sts.Status.UpdateRevision,
 			VolumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)],
+		}
+		if t, ok := specs.PodTransport(pod); ok {
+			info.Transport = &t
 		}
 		for _, c := range pod.Status.Conditions {
 			if c.Type == corev1.PodReady {
@@ -314,7 +318,12 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	if err != nil {
 		return nil, obs, nil, err
 	}
-	etcd, err := r.membersClient(kvc, secrets)
+	pods := plan.Observation{Pods: map[int]plan.Pod{}}
+	if err := r.observePods(ctx, kvc, &appsv1.StatefulSet{}, &pods); err != nil {
+		return nil, obs, nil, err
+	}
+	obs.ClientScheme = pods.ClientScheme(kvc)
+	etcd, err := r.membersClient(kvc, obs.ClientScheme, secrets)
 	if err != nil {
 		etcd = r.Members
 	}

@@ -257,6 +257,18 @@ func (f *fakeMembers) Remove(_ context.Context, _ []string, id uint64) error {
 	return nil
 }
 
+func (f *fakeMembers) UpdatePeerURL(_ context.Context, _ []string, id uint64, peerURL string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.member(id)
+	if m == nil {
+		return fmt.Errorf("no member %x", id)
+	}
+	f.record("update %s peer URL %s", m.Name, peerURL)
+	m.PeerURLs = []string{peerURL}
+	return nil
+}
+
 func (f *fakeMembers) FenceWrites(context.Context, []string) (int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

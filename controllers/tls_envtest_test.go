@@ -108,7 +108,7 @@ func TestATLSClusterGetsItsCertificates(t *testing.T) {
 	}
 }
 
-// TestTLSAdmissionAndYourSecrets: the TLS mode is fixed at creation and mode Secrets needs its
+// TestTLSAdmissionAndYourSecrets: the TLS mode only moves from plaintext to TLS, and mode Secrets needs its
 // Secrets; Secrets that are missing stop the cluster with a condition and an event (nothing is
 // written), and once they are there it goes on.
 func TestTLSAdmissionAndYourSecrets(t *testing.T) {
@@ -126,11 +126,29 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	badMode.Spec.TLS = &kvv1.TLSSpec{Mode: "Mutual"}
 	checkAdmission(t, h.client.Create(ctx, badMode), "spec.tls.mode")
 
+	acceptWithout := newKVCluster(ns, "acceptwithout", 1)
+	acceptWithout.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, PlaintextClients: kvv1.PlaintextClientsAccept}
+	checkAdmission(t, h.client.Create(ctx, acceptWithout), "plaintextClients: Accept needs TLS")
+
+	// A running plaintext cluster may move to TLS; back, or between the modes, is refused.
 	plain := newKVCluster(ns, "plain", 1)
 	h.create(plain)
 	p := h.fresh(plain)
-	p.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
-	checkAdmission(t, h.client.Update(ctx, p), "tls.mode is set at creation")
+	p.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator, PlaintextClients: kvv1.PlaintextClientsAccept}
+	if err := h.client.Update(ctx, p); err != nil {
+		t.Fatalf("moving a plaintext cluster to TLS was refused: %v", err)
+	}
+	for what, tls := range map[string]*kvv1.TLSSpec{
+		"back to plaintext": {Mode: kvv1.TLSDisabled},
+		"tls removed":       nil,
+		"to mode Secrets":   {Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c"}},
+	} {
+		p := h.fresh(plain)
+		p.Spec.TLS = tls
+		t.Run(what, func(t *testing.T) {
+			checkAdmission(t, h.client.Update(ctx, p), "tls.mode can change only from plaintext to TLS")
+		})
+	}
 
 	kvc := newKVCluster(ns, "kv", 1)
 	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "etcd-server", Peer: "etcd-peer", Client: "etcd-client"}}

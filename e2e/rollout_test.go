@@ -37,27 +37,26 @@ type writerReport struct {
 }
 
 // startWriter runs the continuous writer against the cluster's client Service, with the
-// cluster's client certificate when it has TLS.
+// cluster's client certificate when it has TLS. The certificate's Secret is mounted whether it
+// exists or not, so a writer started on a plaintext cluster can move to TLS with it (/switch).
 func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
 	t.Helper()
-	scheme, args := "http", []string{}
-	var volumes []corev1.Volume
-	var mounts []corev1.VolumeMount
+	scheme := "http"
 	if kvc.Spec.TLS != nil && kvc.Spec.TLS.Mode == kvv1.TLSOperator {
-		scheme, args = "https", []string{"--tls-dir=/etc/etcd-tls"}
-		volumes = []corev1.Volume{{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: kvc.Name + "-tls-client"}}}}
-		mounts = []corev1.VolumeMount{{Name: "etcd-tls", MountPath: "/etc/etcd-tls", ReadOnly: true}}
+		scheme = "https"
 	}
+	optional := true
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "writer", Namespace: kvc.Namespace},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
 				Name: "writer", Image: writerImage, ImagePullPolicy: corev1.PullIfNotPresent,
-				Args:         append(args, "--endpoints="+fmt.Sprintf("%s://%s-client.%s.svc:2379", scheme, kvc.Name, kvc.Namespace)),
+				Args:         []string{"--tls-dir=/etc/etcd-tls", "--endpoints=" + clientService(kvc, scheme)},
 				Ports:        []corev1.ContainerPort{{ContainerPort: 8080}},
-				VolumeMounts: mounts,
+				VolumeMounts: []corev1.VolumeMount{{Name: "etcd-tls", MountPath: "/etc/etcd-tls", ReadOnly: true}},
 			}},
-			Volumes: volumes,
+			Volumes: []corev1.Volume{{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: kvc.Name + "-tls-client", Optional: &optional}}}},
 		},
 	}
 	if err := cfg.Client().Resources().Create(ctx, pod); err != nil {
@@ -72,6 +71,11 @@ func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kv
 	}, wait.WithTimeout(time.Minute), wait.WithInterval(time.Second)); err != nil {
 		t.Fatalf("the writer never wrote: %+v", writerAsk(ctx, t, cfg, kvc, "report"))
 	}
+}
+
+// clientService is the URL of the cluster's client Service in scheme.
+func clientService(kvc *kvv1.KVCluster, scheme string) string {
+	return fmt.Sprintf("%s://%s-client.%s.svc:2379", scheme, kvc.Name, kvc.Namespace)
 }
 
 // writerAsk reads the writer's report through the API server's pod proxy (works on kind too).

@@ -10,7 +10,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup (s3 or pvc): where the backups go"
 // +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
-// +kubebuilder:validation:XValidation:rule="(has(self.tls) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled')",message="tls.mode is set at creation: moving a running cluster between plaintext and TLS is not supported yet (create a new cluster restored from a backup)"
+// +kubebuilder:validation:XValidation:rule="(has(self.tls) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') || (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') == 'Disabled'",message="tls.mode can change only from plaintext to TLS (Operator or Secrets: the members move one at a time, clients keep working); moving back to plaintext, or between Operator and Secrets, is not supported yet"
 type KVClusterSpec struct {
 	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
 	// etcd 3.6 and later are supported. Changing it starts a rolling upgrade, one member at a time.
@@ -126,6 +126,7 @@ const (
 // TLSSpec says where the certificates come from.
 //
 // +kubebuilder:validation:XValidation:rule="(self.mode == 'Secrets') == has(self.secrets)",message="tls.secrets is required with mode Secrets, and only then"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Disabled' || !has(self.plaintextClients) || self.plaintextClients == 'Refuse'",message="plaintextClients: Accept needs TLS (mode Operator or Secrets): without it every client is plaintext"
 type TLSSpec struct {
 	// Mode is Operator (certificates issued and renewed by the operator), Secrets (yours) or
 	// Disabled (plaintext).
@@ -139,7 +140,25 @@ type TLSSpec struct {
 	//
 	// +optional
 	Secrets *TLSSecretNames `json:"secrets,omitempty"`
+
+	// PlaintextClients says whether the members' client port also accepts plaintext clients:
+	// Refuse (the default) or Accept. Accept is for moving a running cluster to TLS: the members
+	// move to TLS and accept both until you set Refuse, once your applications use TLS.
+	//
+	// +optional
+	// +kubebuilder:default=Refuse
+	PlaintextClients PlaintextClients `json:"plaintextClients,omitempty"`
 }
+
+// PlaintextClients says whether a TLS cluster's client port also accepts plaintext clients.
+//
+// +kubebuilder:validation:Enum=Refuse;Accept
+type PlaintextClients string
+
+const (
+	PlaintextClientsRefuse PlaintextClients = "Refuse"
+	PlaintextClientsAccept PlaintextClients = "Accept"
+)
 
 // TLSSecretNames are the names of the Secrets of mode Secrets, in the KVCluster's namespace.
 type TLSSecretNames struct {

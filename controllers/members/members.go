@@ -126,6 +126,8 @@ type Client interface {
 	FenceWrites(ctx context.Context, endpoints []string) (int64, error)
 	// DisarmAlarm clears an alarm.
 	DisarmAlarm(ctx context.Context, endpoints []string, a Alarm) error
+	// UpdatePeerURL changes the peer URL the other members dial a member at.
+	UpdatePeerURL(ctx context.Context, endpoints []string, id uint64, peerURL string) error
 	// WithTLS is the client for a cluster with TLS: it presents the cluster's client certificate
 	// and trusts only its CA (nil: plaintext).
 	WithTLS(config *tls.Config) Client
@@ -324,6 +326,13 @@ func (e EtcdClient) DisarmAlarm(ctx context.Context, endpoints []string, a Alarm
 		_, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: a.MemberID, Alarm: pb.AlarmType(pb.AlarmType_value[a.Type])})
 		return err
 	})
+}
+
+func (e EtcdClient) UpdatePeerURL(ctx context.Context, endpoints []string, id uint64, peerURL string) error {
+	return classify(e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.MemberUpdate(ctx, id, []string{peerURL})
+		return err
+	}))
 }
 
 func (e EtcdClient) Remove(ctx context.Context, endpoints []string, id uint64) error {

@@ -93,7 +93,9 @@ func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus,
 	}
 	if !s.at.IsZero() {
 		name := backup.JobName(kvc.Name, s.at)
-		out.Start = specs.BackupJob(kvc, specs.ScheduledBackupRun(kvc, name), image)
+		run := specs.ScheduledBackupRun(kvc, name)
+		run.ClientScheme = obs.ClientScheme(kvc)
+		out.Start = specs.BackupJob(kvc, run, image)
 		at := metav1.NewTime(s.at)
 		st.LastScheduledTime = &at
 		msg := fmt.Sprintf("started backup %s for the slot %s", name, s.at.UTC().Format(time.RFC3339))

@@ -60,6 +60,9 @@ type DeletionObservation struct {
 	DrainedAt             *time.Time
 	// Jobs are the steps' Jobs that exist, by name, the finished ones with their reports.
 	Jobs map[string]StepJob
+	// ClientScheme is how the members are reached now (see Observation.ClientScheme): a cluster
+	// deleted while it moves to TLS is fenced and backed up in the scheme every member accepts.
+	ClientScheme string
 	// Acted is what this pass has already done.
 	Acted Acted
 }
@@ -248,7 +251,7 @@ func (d *deletion) steps(cfg Config) []deletionStep {
 				limit: time.Duration(kvc.Spec.Backup.FinalBackupTimeoutSeconds) * time.Second,
 				job: func(status kvv1.KVClusterStatus) *batchv1ac.JobApplyConfiguration {
 					run := specs.FinalBackupRun(kvc, d.now)
-					run.Guard = obs.Guard
+					run.Guard, run.ClientScheme = obs.Guard, obs.ClientScheme
 					if drain, ok := FindStep(status.Deletion, kvv1.StepDrain); ok && drain.Revision > 0 {
 						run.Annotations = map[string]string{specs.WritesFencedAnnotation: strconv.FormatInt(drain.Revision, 10)}
 					}

@@ -14,8 +14,12 @@ import (
 // before (an added member is nameless until it runs).
 func MemberOrdinal(kvc *kvv1.KVCluster, m members.Member) (int, bool) {
 	if ord, ok := specs.OrdinalOfMember(kvc, m.Name); ok {
-		// Named like one of ours but at another address: someone else's member.
-		if len(m.PeerURLs) > 0 && !slices.Contains(m.PeerURLs, specs.MemberPeerURL(kvc, ord)) {
+		// Named like one of ours but at another address: someone else's member. Either scheme is
+		// ours: a cluster moving to TLS has both.
+		if len(m.PeerURLs) > 0 && !slices.ContainsFunc(m.PeerURLs, func(u string) bool {
+			at, ok := specs.OrdinalOfPeerURL(kvc, u)
+			return ok && at == ord
+		}) {
 			return 0, false
 		}
 		return ord, true

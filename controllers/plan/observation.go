@@ -73,6 +73,8 @@ type Pod struct {
 	Restarts int32
 	// VolumeUID is the UID of the pod's data claim; empty while it has none.
 	VolumeUID types.UID
+	// Transport is how its member listens (specs.PodTransport); nil when unknown.
+	Transport *specs.Transport
 }
 
 // Job is a backup Job with its outcome and what its pod reported.
@@ -190,11 +192,30 @@ func (o Observation) summary(kvc *kvv1.KVCluster) string {
 
 // ClientURLs are the members to ask: the spec's, and any other member pod that exists.
 func (o Observation) ClientURLs(kvc *kvv1.KVCluster) []string {
-	urls := specs.MemberClientURLs(kvc)
+	scheme := o.ClientScheme(kvc)
+	urls := specs.MemberClientURLs(kvc, scheme)
 	for _, ord := range slices.Sorted(maps.Keys(o.Pods)) {
 		if ord >= int(kvc.Spec.Partitions) {
-			urls = append(urls, specs.MemberClientURL(kvc, ord))
+			urls = append(urls, specs.MemberClientURL(kvc, scheme, ord))
 		}
 	}
 	return urls
+}
+
+// ClientScheme is how the operator, backup Jobs and applications reach the members now: https
+// once every member pod accepts it (and the spec wants TLS), http while every member accepts
+// that; the spec's scheme before there are pods. A cluster moving to TLS accepts both on the way.
+func (o Observation) ClientScheme(kvc *kvv1.KVCluster) string {
+	desired := specs.DesiredTransport(kvc)
+	tls, plain := desired.ClientTLS, true
+	for _, p := range o.Pods {
+		if p.Transport == nil {
+			return desired.ClientScheme()
+		}
+		tls, plain = tls && p.Transport.ClientTLS, plain && p.Transport.ClientPlain
+	}
+	if !tls && plain {
+		return "http"
+	}
+	return desired.ClientScheme()
 }

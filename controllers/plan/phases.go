@@ -161,7 +161,7 @@ func decide(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) (kv
 
 	st := *kvc.Status.DeepCopy()
 	st.ObservedGeneration = kvc.Generation
-	st.ClientEndpoint = specs.ClientEndpoint(kvc)
+	st.ClientEndpoint = specs.ClientEndpoint(kvc, obs.ClientScheme(kvc))
 	st.Members = memberStatuses(kvc, obs)
 	if v.phase != kvc.Status.Phase || obs.ReadyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil ||
 		membersMoved(kvc.Status.Members, st.Members) {

@@ -86,18 +86,20 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 				Bootstrapping:    !bootstrapped(kvc, obs),
 				UnlabelledClaims: obs.STSClaimsUnlabelled,
 				Trust:            p.TLS.Trust,
+				Transport:        templateTransport(kvc, obs),
 			},
 			DisruptionBase: disruptionBase(kvc, obs),
 		}
 	}
 
 	ro := planRollout(kvc, obs)
+	ro.Endpoint = specs.MemberClientURL(kvc, obs.ClientScheme(kvc), ro.Ordinal)
 	st, v := decide(kvc, obs, ro, now)
 	p.Reason, p.Message, p.RequeueAfter = v.reason, v.message, v.requeueAfter
 	if v.phase == kvv1.PhaseUpgrading { // only a rollout acts on the members
 		p.Rollout = ro
 		if ro.Action == ActPreUpgradeBackup {
-			p.Rollout.Job = specs.PreUpgradeBackupJob(kvc, cfg.Images.Operator, now)
+			p.Rollout.Job = specs.PreUpgradeBackupJob(kvc, obs.ClientScheme(kvc), cfg.Images.Operator, now)
 		}
 	}
 	p.Disarm = staleAlarms(kvc, obs)

@@ -49,6 +49,7 @@ const (
 	EventMemberPromoted         = "MemberPromoted"
 	EventMemberRemoved          = "MemberRemoved"
 	EventMemberVolumeReset      = "MemberVolumeReset"
+	EventPeerURLChanged         = "PeerURLChanged"
 	EventMembershipChangeFailed = "MembershipChangeFailed"
 	EventStaleAlarmDisarmed     = "StaleAlarmDisarmed"
 	EventVolumeAdopted          = "VolumeAdopted"
@@ -92,6 +93,7 @@ func StepEvent(step kvv1.DeletionStepName, outcome kvv1.DeletionOutcome) string 
 var actionEvents = map[Action]string{
 	ActPreUpgradeBackup: EventPreUpgradeBackup, ActRestartPod: EventMemberRestarted, ActMoveLeader: EventLeaderMoved,
 	ActAddLearner: EventMemberAdded, ActPromote: EventMemberPromoted, ActRemove: EventMemberRemoved, ActWipeLearner: EventMemberVolumeReset,
+	ActUpdatePeerURL: EventPeerURLChanged,
 }
 
 // Event is the reason of the event announcing the step; "" for ActWait.

@@ -31,6 +31,7 @@ const (
 	ActPromote
 	ActRemove
 	ActWipeLearner
+	ActUpdatePeerURL
 )
 
 // Rollout is the plan for a running cluster: whether it still differs from the spec (pending),
@@ -42,6 +43,8 @@ type Rollout struct {
 	Ordinal int
 	// MemberID is the etcd member the action is about; To is the new leader of a MoveLeader.
 	MemberID, To uint64
+	// Endpoint is the client URL of the member at Ordinal; PeerURL its new peer URL (ActUpdatePeerURL).
+	Endpoint, PeerURL string
 	// PodUID is the UID of the pod the decision was made on: a deletion carries it as a
 	// precondition, so a decision taken on a stale cache never deletes a pod already replaced.
 	PodUID types.UID
@@ -106,6 +109,11 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 	allHealthy := healthyVoting == voting
 	partitions := int(kvc.Spec.Partitions)
 	leader, _ := c.Leader()
+
+	// 0. A member restarted with another peer scheme than etcd's membership has for it.
+	if ro, ok := planPeerURLs(kvc, obs, byOrdinal, ordinals); ok {
+		return ro
+	}
 
 	// 1. A learner is joining: let it start, promote it once etcd says it is in sync.
 	if learner != nil {
@@ -198,7 +206,7 @@ func planRestarts(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	if outdated == 0 && obs.STSSettled && healthyOnOtherVersion(kvc, obs.Cluster) == 0 && !settling {
 		return Rollout{}
 	}
-	progress := rolloutProgress(kvc, obs.Cluster)
+	progress := rolloutProgress(kvc, obs.Cluster) + transportProgress(obs, templateTransport(kvc, obs))
 	if !obs.STSSettled {
 		return wait(ReasonUpgrading, "%s; waiting for the StatefulSet controller to see the new template", progress)
 	}

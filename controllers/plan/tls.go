@@ -85,7 +85,7 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 	_, caErr := certs.ParseCA(ca[corev1.TLSCertKey], ca[corev1.TLSPrivateKeyKey])
 	switch {
 	case hasCA && caErr == nil:
-	case bootstrapped(kvc, obs):
+	case bootstrapped(kvc, obs) && membersMayTrustACA(obs):
 		what := "is missing"
 		if hasCA {
 			what = "is not a usable CA (" + caErr.Error() + ")"
@@ -93,7 +93,7 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 		return TLS{Problem: fmt.Sprintf("the cluster's CA Secret %s %s, and its members trust only the CA they started with: "+
 			"restore the Secret (e.g. from your backup of the namespace's Secrets); a new CA would cut the members off from each other",
 			specs.TLSSecretName(kvc, specs.TLSCA), what)}
-	default:
+	default: // a new cluster, or one moving from plaintext to TLS
 		out.Parts = append(out.Parts, TLSPart{Part: specs.TLSCA, Issue: true, Why: "the cluster has no CA yet"})
 		for _, p := range tlsParts(kvc) {
 			p.Issue, p.Why = true, "issued by the new CA"

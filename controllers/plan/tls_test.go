@@ -76,6 +76,7 @@ func TestPlanTLS(t *testing.T) {
 		name        string
 		kvc         *kvv1.KVCluster
 		secrets     map[string]map[string][]byte
+		pods        map[int]Pod
 		now         time.Time
 		wantIssue   string // the parts issued, in order
 		wantProblem string // words of the problem, or ""
@@ -91,6 +92,10 @@ func TestPlanTLS(t *testing.T) {
 		{name: "a certificate of another CA is issued again", kvc: operator, secrets: replaced(specs.TLSClient, otherCA[specs.TLSClient]), now: t0.Add(time.Hour), wantIssue: "client"},
 		{name: "a formed cluster's lost CA is never replaced: its members trust only the old one", kvc: formedOp, secrets: without(specs.TLSCA), now: t0.Add(time.Hour),
 			wantProblem: "CA Secret kv-tls-ca is missing"},
+		{name: "nor while a member runs with TLS", kvc: formedOp, secrets: without(specs.TLSCA), pods: map[int]Pod{0: {Transport: &plaintext}, 1: {Transport: &both}},
+			now: t0.Add(time.Hour), wantProblem: "CA Secret kv-tls-ca is missing"},
+		{name: "a running plaintext cluster moving to TLS gets its first CA", kvc: formedOp, pods: map[int]Pod{0: {Transport: &plaintext}, 1: {Transport: &plaintext}},
+			now: t0, wantIssue: "ca server peer client"},
 		{name: "your Secrets fit", kvc: secrets, secrets: given, now: t0.Add(time.Hour), wantTrust: true},
 		{name: "your Secret is missing", kvc: secrets, secrets: map[string]map[string][]byte{specs.TLSServer: given[specs.TLSServer]}, now: t0.Add(time.Hour),
 			wantProblem: "Secret etcd-peer (peer certificate) does not exist"},
@@ -100,7 +105,7 @@ func TestPlanTLS(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := planTLS(tt.kvc, Observation{TLS: tt.secrets}, tt.now)
+			got := planTLS(tt.kvc, Observation{TLS: tt.secrets, Pods: tt.pods}, tt.now)
 			var issued []string
 			for _, p := range got.Parts {
 				if p.Issue {

@@ -41,6 +41,16 @@ type BackupRun struct {
 	Guard types.UID
 	// Annotations of the Job, e.g. whether writes were fenced before a final backup.
 	Annotations map[string]string
+	// ClientScheme is how the Job reaches the members (http or https): what every member accepts
+	// now, which differs from the spec's while a cluster moves to TLS; the spec's when empty.
+	ClientScheme string
+}
+
+func (run BackupRun) clientScheme(kvc *kvv1.KVCluster) string {
+	if run.ClientScheme != "" {
+		return run.ClientScheme
+	}
+	return DesiredTransport(kvc).ClientScheme()
 }
 
 // ScheduledBackupRun is the backup of one schedule slot; the Job's name is already unique per slot.
@@ -58,9 +68,12 @@ func PreUpgradeBackupRun(kvc *kvv1.KVCluster, now time.Time) BackupRun {
 	return BackupRun{Job: job, Kind: BackupPreUpgrade, Key: BackupObjectKey(kvc, job+"-"+kvc.Spec.Version+"-"+runStamp(now))}
 }
 
-// PreUpgradeBackupJob is the backup Job taken before the members move to spec.version.
-func PreUpgradeBackupJob(kvc *kvv1.KVCluster, image string, now time.Time) *batchv1ac.JobApplyConfiguration {
-	return BackupJob(kvc, PreUpgradeBackupRun(kvc, now), image).
+// PreUpgradeBackupJob is the backup Job taken before the members move to spec.version, reaching
+// them in scheme.
+func PreUpgradeBackupJob(kvc *kvv1.KVCluster, scheme, image string, now time.Time) *batchv1ac.JobApplyConfiguration {
+	run := PreUpgradeBackupRun(kvc, now)
+	run.ClientScheme = scheme
+	return BackupJob(kvc, run, image).
 		WithAnnotations(map[string]string{TargetVersionAnnotation: kvc.Spec.Version})
 }
 
@@ -141,14 +154,15 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 		deadline = int64(b.FinalBackupTimeoutSeconds)
 	}
 	access := accessTo(b.S3, b.PVC, false)
+	scheme := run.clientScheme(kvc)
 	args := append([]string{
 		"backup",
-		"--endpoints=" + strings.Join(MemberClientURLs(kvc), ","),
+		"--endpoints=" + strings.Join(MemberClientURLs(kvc, scheme), ","),
 		"--key=" + run.Key,
 		// The program gives up before the Job's deadline kills it, so it can still say why.
 		fmt.Sprintf("--timeout=%ds", deadline-reportMargin(deadline, backup.StopTimeout)),
 	}, access.args...)
-	args = append(args, backupTLSArgs(kvc)...)
+	args = append(args, backupTLSArgs(scheme)...)
 	if run.Kind == BackupScheduled { // only scheduled backups prune: the others are kept for good
 		args = append(args, "--prune-cluster="+kvc.Name, fmt.Sprintf("--keep-last=%d", max(b.Retention.KeepLast, 1)))
 		if b.Retention.MaxAge != nil {
@@ -178,7 +192,7 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 		container.WithVolumeMounts(access.mount)
 		pod.WithVolumes(access.volume)
 	}
-	if TLSEnabled(kvc) {
+	if scheme == "https" {
 		container.WithVolumeMounts(tlsMountOf(TLSClient))
 		pod.WithVolumes(tlsVolume(kvc, TLSClient))
 	}

@@ -122,7 +122,7 @@ func TestPreUpgradeBackupJob(t *testing.T) {
 			kvc := cluster(3)
 			kvc.Spec.Version = tt.version
 			kvc.Spec.Backup = &tt.backup
-			compareFacts(t, factsOf(t, PreUpgradeBackupJob(kvc, "op:1", at)), jobFacts{
+			compareFacts(t, factsOf(t, PreUpgradeBackupJob(kvc, "http", "op:1", at)), jobFacts{
 				Name: "kv-preupgrade", Namespace: "prod",
 				Labels: labels, PodLabels: labels,
 				Annotations: map[string]string{"kvcluster.io/target-version": tt.version},

@@ -1,7 +1,6 @@
 package specs
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -89,16 +88,23 @@ func initialCluster(kvc *kvv1.KVCluster, ordinals []int) string {
 	return strings.Join(parts, ",")
 }
 
-// MemberPeerURL is the peer URL the member with the given ordinal advertises.
+// MemberPeerURL is the peer URL the member with the given ordinal advertises as the spec wants.
 func MemberPeerURL(kvc *kvv1.KVCluster, ordinal int) string {
-	return fmt.Sprintf("%s://%s:%d", scheme(kvc), memberHost(kvc, MemberName(kvc, ordinal)), PeerPort)
+	return DesiredTransport(kvc).MemberPeerURL(kvc, ordinal)
 }
 
-// OrdinalOfPeerURL finds which member a peer URL belongs to; etcd knows an added member that has
-// not started yet only by its peer URL.
+// MemberPeerURL is the peer URL of the member with the given ordinal listening as t.
+func (t Transport) MemberPeerURL(kvc *kvv1.KVCluster, ordinal int) string {
+	return t.peerURL(memberHost(kvc, MemberName(kvc, ordinal)))
+}
+
+// OrdinalOfPeerURL finds which member a peer URL belongs to, in either scheme (a cluster moving
+// to TLS has both); etcd knows an added member that has not started yet only by its peer URL.
 func OrdinalOfPeerURL(kvc *kvv1.KVCluster, url string) (int, bool) {
-	host, _, _ := strings.Cut(strings.TrimPrefix(url, scheme(kvc)+"://"), ".")
-	if ord, ok := OrdinalOfMember(kvc, host); ok && MemberPeerURL(kvc, ord) == url {
+	_, rest, _ := strings.Cut(url, "://")
+	host, _, _ := strings.Cut(rest, ".")
+	if ord, ok := OrdinalOfMember(kvc, host); ok &&
+		(url == (Transport{PeerTLS: true}).MemberPeerURL(kvc, ord) || url == (Transport{}).MemberPeerURL(kvc, ord)) {
 		return ord, true
 	}
 	return 0, false

@@ -61,23 +61,23 @@ func memberHost(kvc *kvv1.KVCluster, member string) string {
 	return fmt.Sprintf("%s.%s.%s.svc", member, PeerServiceName(kvc), kvc.Namespace)
 }
 
-// MemberClientURL is the URL of one member's client port.
-func MemberClientURL(kvc *kvv1.KVCluster, ordinal int) string {
-	return fmt.Sprintf("%s://%s:%d", scheme(kvc), memberHost(kvc, MemberName(kvc, ordinal)), ClientPort)
+// MemberClientURL is the URL of one member's client port in a scheme (http or https) it accepts.
+func MemberClientURL(kvc *kvv1.KVCluster, scheme string, ordinal int) string {
+	return fmt.Sprintf("%s://%s:%d", scheme, memberHost(kvc, MemberName(kvc, ordinal)), ClientPort)
 }
 
-// MemberClientURLs lists the client URLs of all desired members.
-func MemberClientURLs(kvc *kvv1.KVCluster) []string {
+// MemberClientURLs lists the client URLs of all desired members in a scheme.
+func MemberClientURLs(kvc *kvv1.KVCluster, scheme string) []string {
 	urls := make([]string, 0, kvc.Spec.Partitions)
 	for i := range int(kvc.Spec.Partitions) {
-		urls = append(urls, MemberClientURL(kvc, i))
+		urls = append(urls, MemberClientURL(kvc, scheme, i))
 	}
 	return urls
 }
 
-// ClientEndpoint is the URL of the client Service.
-func ClientEndpoint(kvc *kvv1.KVCluster) string {
-	return fmt.Sprintf("%s://%s.%s.svc:%d", scheme(kvc), ClientServiceName(kvc), kvc.Namespace, ClientPort)
+// ClientEndpoint is the URL of the client Service in a scheme.
+func ClientEndpoint(kvc *kvv1.KVCluster, scheme string) string {
+	return fmt.Sprintf("%s://%s.%s.svc:%d", scheme, ClientServiceName(kvc), kvc.Namespace, ClientPort)
 }
 
 // Image is the etcd image of the cluster's version.

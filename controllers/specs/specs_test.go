@@ -42,12 +42,12 @@ func TestInitialCluster(t *testing.T) {
 }
 
 func TestMemberClientURLs(t *testing.T) {
-	got := MemberClientURLs(cluster(3))
+	got := MemberClientURLs(cluster(3), "http")
 	want := []string{"http://kv-0.kv-peer.prod.svc:2379", "http://kv-1.kv-peer.prod.svc:2379", "http://kv-2.kv-peer.prod.svc:2379"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("MemberClientURLs = %v, want %v", got, want)
 	}
-	if e := ClientEndpoint(cluster(3)); e != "http://kv-client.prod.svc:2379" {
+	if e := ClientEndpoint(cluster(3), "http"); e != "http://kv-client.prod.svc:2379" {
 		t.Errorf("ClientEndpoint = %q", e)
 	}
 }
@@ -382,7 +382,7 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 	if !strings.Contains(applyArgs, "--initial-cluster=$(ETCD_INITIAL_CLUSTER)") {
 		t.Errorf("restore must use the membership etcd starts with: %s", applyArgs)
 	}
-	etcdArgs := strings.Join(EtcdArgs(kvc), " ")
+	etcdArgs := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc)), " ")
 	for _, flag := range []string{"--initial-cluster-token=", "--initial-advertise-peer-urls="} {
 		i := strings.Index(etcdArgs, flag)
 		same := strings.Fields(etcdArgs[i:])[0]

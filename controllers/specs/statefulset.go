@@ -54,6 +54,9 @@ type MemberSet struct {
 	// Trust identifies the CAs members trust (TrustAnnotation): etcd loads its trusted CA files
 	// only at start, so a change of them changes the template, and members restart one at a time.
 	Trust string
+	// Transport is how members listen (see Transport): the spec's (also when left zero, which
+	// would have no client listener), or a step towards it.
+	Transport Transport
 }
 
 // TrustAnnotation on the members' pod template identifies the CA bundle they trust.
@@ -67,7 +70,6 @@ const TrustAnnotation = "kvcluster.io/trusted-ca"
 // Volumes of scaled-away members are deleted (a removed member's data would make a re-added
 // member crash on stale membership); volumes are retained when the whole cluster is deleted.
 func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyConfiguration {
-	img := set.Images
 	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
 		WithLabels(Labels(kvc)).
 		WithOwnerReferences(Owners(kvc, set.Guard)...).
@@ -80,11 +82,15 @@ func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyC
 			WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
 				WithWhenDeleted(appsv1.RetainPersistentVolumeClaimRetentionPolicyType).
 				WithWhenScaled(appsv1.DeletePersistentVolumeClaimRetentionPolicyType)).
-			WithTemplate(podTemplate(kvc, img, set.Bootstrapping, set.Trust)).
+			WithTemplate(podTemplate(kvc, set)).
 			WithVolumeClaimTemplates(volumeClaimTemplate(kvc, !set.UnlabelledClaims)))
 }
 
-func podTemplate(kvc *kvv1.KVCluster, img Images, bootstrapping bool, trust string) *corev1ac.PodTemplateSpecApplyConfiguration {
+func podTemplate(kvc *kvv1.KVCluster, set MemberSet) *corev1ac.PodTemplateSpecApplyConfiguration {
+	img := set.Images
+	if set.Transport == (Transport{}) {
+		set.Transport = DesiredTransport(kvc)
+	}
 	spec := corev1ac.PodTemplateSpec().
 		WithLabels(Labels(kvc)).
 		WithSpec(corev1ac.PodSpec().
@@ -103,26 +109,29 @@ func podTemplate(kvc *kvv1.KVCluster, img Images, bootstrapping bool, trust stri
 					WithPodAffinityTerm(corev1ac.PodAffinityTerm().
 						WithTopologyKey(corev1.LabelHostname).
 						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
-			WithContainers(etcdContainer(kvc, img.EtcdRepository)))
-	if TLSEnabled(kvc) {
+			WithContainers(etcdContainer(kvc, img.EtcdRepository, set.Transport)))
+	if set.Transport.UsesTLS() {
 		spec.Spec.WithVolumes(tlsVolume(kvc, TLSServer), tlsVolume(kvc, TLSPeer))
 	}
-	if trust != "" {
-		spec.WithAnnotations(map[string]string{TrustAnnotation: trust})
+	if set.Trust != "" {
+		spec.WithAnnotations(map[string]string{TrustAnnotation: set.Trust})
 	}
-	if kvc.Spec.Restore != nil && bootstrapping {
+	if kvc.Spec.Restore != nil && set.Bootstrapping {
 		spec.Spec.WithInitContainers(restoreInitContainers(kvc, img)...).WithVolumes(restoreVolumes(kvc)...)
 	}
 	return spec
 }
 
-func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.ContainerApplyConfiguration {
+// etcdContainerName is the member pod's etcd container.
+const etcdContainerName = "etcd"
+
+func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string, t Transport) *corev1ac.ContainerApplyConfiguration {
 	c := corev1ac.Container().
-		WithName("etcd").
+		WithName(etcdContainerName).
 		WithImage(Image(kvc, defaultRepository)).
 		WithImagePullPolicy(corev1.PullIfNotPresent).
 		WithCommand("/usr/local/bin/etcd").
-		WithArgs(EtcdArgs(kvc)...).
+		WithArgs(EtcdArgs(kvc, t)...).
 		WithEnv(podNameEnv()).
 		WithEnv(membershipEnv(kvc)...).
 		WithPorts(
@@ -136,7 +145,7 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 		WithLivenessProbe(probe("/livez").WithPeriodSeconds(10).WithFailureThreshold(6)).
 		WithReadinessProbe(probe("/readyz").WithPeriodSeconds(5).WithFailureThreshold(3)).
 		WithSecurityContext(restrictedContainer())
-	if TLSEnabled(kvc) {
+	if t.UsesTLS() {
 		c.WithVolumeMounts(tlsMountOf(TLSServer), tlsMountOf(TLSPeer))
 	}
 	if r := kvc.Spec.Resources; len(r.Limits) > 0 || len(r.Requests) > 0 {
@@ -152,30 +161,27 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string) *corev1ac.Cont
 	return c
 }
 
-// EtcdArgs are the etcd server flags of every member. $(POD_NAME) is expanded by the kubelet. No
-// --experimental-* flag is used: etcd 3.7 removed them all and refuses to start with one. The
-// initial cluster and its state come from the environment (membershipEnv).
-func EtcdArgs(kvc *kvv1.KVCluster) []string {
-	self, s := selfHost(kvc), scheme(kvc)
+// EtcdArgs are the etcd server flags of every member, listening as t. $(POD_NAME) is expanded by
+// the kubelet. No --experimental-* flag is used: etcd 3.7 removed them all and refuses to start
+// with one. The initial cluster and its state come from the environment (membershipEnv).
+func EtcdArgs(kvc *kvv1.KVCluster, t Transport) []string {
+	self := selfHost(kvc)
 	args := []string{
 		"--name=$(POD_NAME)",
 		"--data-dir=" + dataDir,
-		fmt.Sprintf("--listen-client-urls=%s://0.0.0.0:%d", s, ClientPort),
-		fmt.Sprintf("--listen-peer-urls=%s://0.0.0.0:%d", s, PeerPort),
+		"--listen-client-urls=" + t.clientURLs("0.0.0.0"),
+		"--listen-peer-urls=" + t.peerURL("0.0.0.0"),
 		// Plain HTTP: the probes and metrics scrapers read it; it serves no keys.
 		fmt.Sprintf("--listen-metrics-urls=http://0.0.0.0:%d", MetricsPort),
-		fmt.Sprintf("--advertise-client-urls=%s://%s:%d", s, self, ClientPort),
-		"--initial-advertise-peer-urls=" + selfPeerURL(kvc),
+		"--advertise-client-urls=" + t.clientURLs(self),
+		"--initial-advertise-peer-urls=" + t.peerURL(self),
 		"--initial-cluster-token=" + clusterToken(kvc),
 		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(StorageSize(kvc)), 10),
 		// Keep one hour of history, so the database does not grow without bound.
 		"--auto-compaction-mode=periodic",
 		"--auto-compaction-retention=1h",
 	}
-	if TLSEnabled(kvc) {
-		args = append(args, etcdTLSArgs()...)
-	}
-	return args
+	return append(args, etcdTLSArgs(t)...)
 }
 
 // selfHost is the member's own DNS name, with $(POD_NAME) expanded by the kubelet.
@@ -183,9 +189,7 @@ func selfHost(kvc *kvv1.KVCluster) string {
 	return fmt.Sprintf("$(POD_NAME).%s.%s.svc", PeerServiceName(kvc), kvc.Namespace)
 }
 
-func selfPeerURL(kvc *kvv1.KVCluster) string {
-	return fmt.Sprintf("%s://%s:%d", scheme(kvc), selfHost(kvc), PeerPort)
-}
+func selfPeerURL(kvc *kvv1.KVCluster) string { return DesiredTransport(kvc).peerURL(selfHost(kvc)) }
 
 // clusterToken keeps members of different clusters from ever joining each other.
 func clusterToken(kvc *kvv1.KVCluster) string { return kvc.Namespace + "-" + kvc.Name }

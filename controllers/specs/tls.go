@@ -51,13 +51,6 @@ func TLSSecretName(kvc *kvv1.KVCluster, part string) string {
 	return kvc.Name + "-tls-" + part
 }
 
-func scheme(kvc *kvv1.KVCluster) string {
-	if TLSEnabled(kvc) {
-		return "https"
-	}
-	return "http"
-}
-
 // ServerNames are the names a client may dial a member's client port by, which its certificate
 // covers: every member the cluster can have (so scaling needs no new certificate), the client
 // Service in each form, and the member itself from inside its pod.
@@ -114,25 +107,32 @@ func tlsMountOf(part string) *corev1ac.VolumeMountApplyConfiguration {
 // tlsFile is the path of a key of a part's Secret where it is mounted.
 func tlsFile(part, key string) string { return fmt.Sprintf("%s/%s/%s", tlsMount, part, key) }
 
-// etcdTLSArgs are the member's TLS flags: certificates for both ports, and a client certificate
-// from the cluster's CA required on both.
-func etcdTLSArgs() []string {
-	return []string{
-		"--cert-file=" + tlsFile(TLSServer, corev1.TLSCertKey),
-		"--key-file=" + tlsFile(TLSServer, corev1.TLSPrivateKeyKey),
-		"--trusted-ca-file=" + tlsFile(TLSServer, CACertKey),
-		"--client-cert-auth",
-		"--peer-cert-file=" + tlsFile(TLSPeer, corev1.TLSCertKey),
-		"--peer-key-file=" + tlsFile(TLSPeer, corev1.TLSPrivateKeyKey),
-		"--peer-trusted-ca-file=" + tlsFile(TLSPeer, CACertKey),
-		"--peer-client-cert-auth",
+// etcdTLSArgs are the member's TLS flags for the ports that use TLS: certificates, and a client
+// certificate from the cluster's CA required (a client port that also accepts plaintext asks a
+// plaintext client for nothing).
+func etcdTLSArgs(t Transport) []string {
+	var args []string
+	if t.ClientTLS {
+		args = append(args,
+			"--cert-file="+tlsFile(TLSServer, corev1.TLSCertKey),
+			"--key-file="+tlsFile(TLSServer, corev1.TLSPrivateKeyKey),
+			"--trusted-ca-file="+tlsFile(TLSServer, CACertKey),
+			"--client-cert-auth")
 	}
+	if t.PeerTLS {
+		args = append(args,
+			"--peer-cert-file="+tlsFile(TLSPeer, corev1.TLSCertKey),
+			"--peer-key-file="+tlsFile(TLSPeer, corev1.TLSPrivateKeyKey),
+			"--peer-trusted-ca-file="+tlsFile(TLSPeer, CACertKey),
+			"--peer-client-cert-auth")
+	}
+	return args
 }
 
 // backupTLSArgs are the flags with which the backup program finds the client certificate, which
-// the Job mounts; none without TLS.
-func backupTLSArgs(kvc *kvv1.KVCluster) []string {
-	if !TLSEnabled(kvc) {
+// the Job mounts; none over plaintext.
+func backupTLSArgs(scheme string) []string {
+	if scheme != "https" {
 		return nil
 	}
 	return []string{"--cacert=" + tlsFile(TLSClient, CACertKey), "--cert=" + tlsFile(TLSClient, corev1.TLSCertKey),

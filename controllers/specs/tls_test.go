@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
 
@@ -34,7 +36,7 @@ func TestTLSMembers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			kvc := tt.kvc
-			args := strings.Join(EtcdArgs(kvc), " ")
+			args := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc)), " ")
 			for _, want := range []string{"--listen-client-urls=" + tt.wantScheme + "://0.0.0.0:2379", "--listen-peer-urls=" + tt.wantScheme + "://0.0.0.0:2380",
 				"--advertise-client-urls=" + tt.wantScheme + "://$(POD_NAME).kv-peer.prod.svc:2379", "--initial-advertise-peer-urls=" + tt.wantScheme + "://$(POD_NAME).kv-peer.prod.svc:2380",
 				"--listen-metrics-urls=http://0.0.0.0:2381"} {
@@ -48,7 +50,7 @@ func TestTLSMembers(t *testing.T) {
 					t.Errorf("flag %s present %t, want %t", f, strings.Contains(args, f), tt.wantScheme == "https")
 				}
 			}
-			for _, u := range []string{MemberClientURL(kvc, 2), MemberPeerURL(kvc, 2), ClientEndpoint(kvc), InitialCluster(kvc)} {
+			for _, u := range []string{MemberClientURL(kvc, DesiredTransport(kvc).ClientScheme(), 2), MemberPeerURL(kvc, 2), ClientEndpoint(kvc, DesiredTransport(kvc).ClientScheme()), InitialCluster(kvc)} {
 				if !strings.HasPrefix(u, tt.wantScheme+"://") && !strings.Contains(u, "="+tt.wantScheme+"://") {
 					t.Errorf("%s is not %s", u, tt.wantScheme)
 				}
@@ -105,5 +107,36 @@ func TestTLSNames(t *testing.T) {
 	}
 	if peers := PeerNames(kvc); len(peers) != MaxMembers || slices.Contains(peers, "kv-client") {
 		t.Errorf("peer names %v, want the %d members only", peers, MaxMembers)
+	}
+}
+
+// TestTransportsRoundTrip: what a pod runs is read back from its flags as the transport it was
+// made with, for every transport a cluster passes through on its way to TLS; a client port that
+// accepts both schemes lists both on one port, and asks for client certificates on TLS only.
+func TestTransportsRoundTrip(t *testing.T) {
+	kvc := withTLS(cluster(3), kvv1.TLSOperator)
+	for _, tr := range []Transport{{ClientPlain: true}, {PeerTLS: true, ClientTLS: true, ClientPlain: true}, {PeerTLS: true, ClientTLS: true}} {
+		t.Run(tr.String(), func(t *testing.T) {
+			sts := StatefulSet(kvc, MemberSet{Replicas: 3, Transport: tr})
+			c := sts.Spec.Template.Spec.Containers[0]
+			pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: *c.Name, Args: c.Args}}}}
+			got, ok := PodTransport(pod)
+			if !ok || got != tr {
+				t.Errorf("read back %v (%t) from %v", got, ok, c.Args)
+			}
+			args := strings.Join(c.Args, " ")
+			if tr.ClientTLS && tr.ClientPlain && !strings.Contains(args, "--listen-client-urls=https://0.0.0.0:2379,http://0.0.0.0:2379 ") {
+				t.Errorf("client port not on both schemes: %s", args)
+			}
+			if strings.Contains(args, "--client-cert-auth") != tr.ClientTLS || strings.Contains(args, "--peer-client-cert-auth") != tr.PeerTLS {
+				t.Errorf("certificate flags do not follow the transport: %s", args)
+			}
+			if mounted := len(sts.Spec.Template.Spec.Volumes) > 0; mounted != tr.UsesTLS() {
+				t.Errorf("certificates mounted %t", mounted)
+			}
+		})
+	}
+	if _, ok := PodTransport(&corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "other"}}}}); ok {
+		t.Error("a pod without an etcd container has a transport")
 	}
 }

@@ -8,6 +8,8 @@
 //	         ?endpoints=... checks in another cluster (one restored from a backup of this one)
 //	/servercert?addr=host:port  the serial and expiry of the certificate a member serves to a new
 //	         connection now (a cluster with TLS: --tls-dir holds its client certificate)
+//	/switch?endpoints=...  goes on writing through other endpoints (https ones with the client
+//	         certificate in --tls-dir, read now), as an application moving to TLS does
 package main
 
 import (
@@ -45,10 +47,10 @@ type Report struct {
 }
 
 type writer struct {
-	cli    *clientv3.Client
 	prefix string
 
 	mu          sync.Mutex
+	cli         *clientv3.Client
 	acked       []string
 	failed      int
 	lastSuccess time.Time
@@ -60,14 +62,14 @@ type writer struct {
 func (w *writer) run(ctx context.Context, interval time.Duration) {
 	for i := 0; ; i++ {
 		w.mu.Lock()
-		stopped := w.stopped
+		stopped, cli := w.stopped, w.cli
 		w.mu.Unlock()
 		if stopped || ctx.Err() != nil {
 			return
 		}
 		key := fmt.Sprintf("%s%08d", w.prefix, i)
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := w.cli.Put(cctx, key, time.Now().UTC().Format(time.RFC3339Nano))
+		_, err := cli.Put(cctx, key, time.Now().UTC().Format(time.RFC3339Nano))
 		cancel()
 		now := time.Now()
 		w.mu.Lock()
@@ -100,12 +102,12 @@ func (w *writer) report() Report {
 func (w *writer) check(ctx context.Context) (Report, error) {
 	w.mu.Lock()
 	w.stopped = true
-	acked := append([]string(nil), w.acked...)
+	acked, cli := append([]string(nil), w.acked...), w.cli
 	w.mu.Unlock()
 	rep := w.report()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := w.cli.Get(ctx, w.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := cli.Get(ctx, w.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return rep, err
 	}
@@ -161,17 +163,30 @@ func clientTLS(dir string) (*tls.Config, error) {
 	}, nil
 }
 
+// connect is a client for endpoints: over TLS with the client certificate in tlsDir when they are
+// https ones.
+func connect(endpoints, tlsDir string) (*clientv3.Client, *tls.Config, error) {
+	var config *tls.Config
+	if strings.HasPrefix(endpoints, "https://") {
+		if tlsDir == "" {
+			return nil, nil, fmt.Errorf("https endpoints need --tls-dir")
+		}
+		var err error
+		if config, err = clientTLS(tlsDir); err != nil {
+			return nil, nil, err
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), TLS: config, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return cli, config, err
+}
+
 func main() {
 	endpoints := flag.String("endpoints", "", "comma-separated etcd client URLs")
 	prefix := flag.String("prefix", "e2e/writer/", "key prefix")
 	interval := flag.Duration("interval", 20*time.Millisecond, "pause between writes")
-	tlsDir := flag.String("tls-dir", "", "directory of the cluster's client certificate (tls.crt, tls.key, ca.crt), for a cluster with TLS")
+	tlsDir := flag.String("tls-dir", "", "directory of the cluster's client certificate (tls.crt, tls.key, ca.crt), for https endpoints")
 	flag.Parse()
-	tlsConfig, err := clientTLS(*tlsDir)
-	if err != nil {
-		log.Fatal(err)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(*endpoints, ","), TLS: tlsConfig, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, tlsConfig, err := connect(*endpoints, *tlsDir)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -196,7 +211,7 @@ func main() {
 	http.HandleFunc("/stop", func(rw http.ResponseWriter, r *http.Request) {
 		checker := w
 		if eps := r.URL.Query().Get("endpoints"); eps != "" {
-			other, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(eps, ","), TLS: tlsConfig, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			other, _, err := connect(eps, *tlsDir)
 			if err != nil {
 				reply(rw, Report{}, err)
 				return
@@ -211,7 +226,27 @@ func main() {
 		rep, err := checker.check(r.Context())
 		reply(rw, rep, err)
 	})
+	http.HandleFunc("/switch", func(rw http.ResponseWriter, r *http.Request) {
+		next, config, err := connect(r.URL.Query().Get("endpoints"), *tlsDir)
+		if err != nil {
+			reply(rw, Report{}, err)
+			return
+		}
+		w.mu.Lock()
+		old := w.cli
+		w.cli = next
+		if config != nil {
+			tlsConfig = config
+		}
+		w.mu.Unlock()
+		// A write in flight on the old client finishes first (it has its own timeout).
+		time.AfterFunc(5*time.Second, func() { _ = old.Close() })
+		reply(rw, w.report(), nil)
+	})
 	http.HandleFunc("/servercert", func(rw http.ResponseWriter, r *http.Request) {
+		w.mu.Lock()
+		tlsConfig := tlsConfig
+		w.mu.Unlock()
 		if tlsConfig == nil {
 			http.Error(rw, "no --tls-dir", http.StatusBadRequest)
 			return

@@ -364,6 +364,8 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.Phase
   scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.PlaintextClients
+  scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.RestoreSpec
   map:
     fields:
@@ -431,6 +433,10 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: mode
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSMode
+    - name: plaintextClients
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.PlaintextClients
+      default: Refuse
     - name: secrets
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.TLSSecretNames

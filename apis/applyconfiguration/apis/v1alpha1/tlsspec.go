@@ -18,6 +18,10 @@ type TLSSpecApplyConfiguration struct {
 	// members' client port, peer between members (its certificate must allow both server and
 	// client authentication), client for the operator and backup Jobs.
 	Secrets *TLSSecretNamesApplyConfiguration `json:"secrets,omitempty"`
+	// PlaintextClients says whether the members' client port also accepts plaintext clients:
+	// Refuse (the default) or Accept. Accept is for moving a running cluster to TLS: the members
+	// move to TLS and accept both until you set Refuse, once your applications use TLS.
+	PlaintextClients *apisv1alpha1.PlaintextClients `json:"plaintextClients,omitempty"`
 }
 
 // TLSSpecApplyConfiguration constructs a declarative configuration of the TLSSpec type for use with
@@ -39,5 +43,13 @@ func (b *TLSSpecApplyConfiguration) WithMode(value apisv1alpha1.TLSMode) *TLSSpe
 // If called multiple times, the Secrets field is set to the value of the last call.
 func (b *TLSSpecApplyConfiguration) WithSecrets(value *TLSSecretNamesApplyConfiguration) *TLSSpecApplyConfiguration {
 	b.Secrets = value
+	return b
+}
+
+// WithPlaintextClients sets the PlaintextClients field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PlaintextClients field is set to the value of the last call.
+func (b *TLSSpecApplyConfiguration) WithPlaintextClients(value apisv1alpha1.PlaintextClients) *TLSSpecApplyConfiguration {
+	b.PlaintextClients = &value
 	return b
 }
