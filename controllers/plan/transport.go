@@ -11,19 +11,36 @@ import (
 )
 
 // templateTransport is how the members' template makes them listen: as the spec wants, except
-// while some member accepts no client scheme the spec's transport accepts (a plaintext cluster
-// moving to TLS). Then the template accepts both on the client port, so every client keeps a
-// scheme all members accept while they restart one at a time; once each accepts both, the
-// template becomes the spec's and they restart once more. Peers have one port and one scheme:
-// a member restarted with the other one has its peer URL changed (planPeerURLs).
+// while a plaintext cluster moves to TLS, in two rolls (members restart one at a time in each):
+//  1. while some member lacks its peer certificate, members get it, with peers still on
+//     plaintext, and a client port accepting both schemes if some member accepts no client
+//     scheme the spec's transport does (so every client keeps a scheme all members accept);
+//  2. then peers move to https (each member's peer URL changes as it comes back: planPeerURLs),
+//     and the client port becomes the spec's.
+//
+// A member needs its peer certificate before any peer listens on https: a leader without one
+// cannot send a snapshot to a member that fell behind, which then never catches up.
+//
+// The second roll starts once the first is over (every member back and ready): otherwise the
+// member restarted last, not ready yet, would be restarted again at once.
 func templateTransport(kvc *kvv1.KVCluster, obs Observation) specs.Transport {
 	desired := specs.DesiredTransport(kvc)
 	t := desired
+	lacksCerts, unready, peersMoving := false, false, false
 	for _, p := range obs.Pods {
-		if p.Transport != nil && !p.Transport.Overlaps(desired) {
+		if p.Transport == nil {
+			continue
+		}
+		if !p.Transport.Overlaps(desired) {
 			t.ClientTLS = t.ClientTLS || p.Transport.ClientTLS
 			t.ClientPlain = t.ClientPlain || p.Transport.ClientPlain
 		}
+		lacksCerts = lacksCerts || !p.Transport.PeerCerts
+		unready = unready || !p.Ready || p.Terminating
+		peersMoving = peersMoving || p.Transport.PeerTLS
+	}
+	if desired.PeerTLS && (lacksCerts || (unready && !peersMoving)) {
+		t.PeerTLS = false
 	}
 	return t
 }

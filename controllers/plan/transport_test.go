@@ -21,17 +21,19 @@ func (s *scenario) listening(t specs.Transport) *scenario {
 
 var (
 	plaintext = specs.Transport{ClientPlain: true}
-	both      = specs.Transport{PeerTLS: true, ClientTLS: true, ClientPlain: true}
-	tlsOnly   = specs.Transport{PeerTLS: true, ClientTLS: true}
+	prepared  = specs.Transport{PeerCerts: true, ClientTLS: true, ClientPlain: true}
+	both      = specs.Transport{PeerTLS: true, PeerCerts: true, ClientTLS: true, ClientPlain: true}
+	tlsOnly   = specs.Transport{PeerTLS: true, PeerCerts: true, ClientTLS: true}
 )
 
 // TestMovingToTLS plays a running plaintext cluster's move to TLS step by step, acting as the
 // operator and the StatefulSet controller would: a restarted pod runs the template of the moment,
 // a peer URL change is applied, leadership moves. It checks what a user relies on at every step:
 // every member accepts the scheme clients are told to use (status.clientEndpoint, the operator's
-// own client, backup Jobs), and no member restarts while another is dialled at a scheme it does
+// own client, backup Jobs); no member restarts while another is dialled at a scheme it does
 // not listen for (two such members could not reach each other, and a third restart would lose
-// the quorum).
+// the quorum); no member listens for peers on https while another has no peer certificate (as
+// leader, that one could not send it a snapshot).
 func TestMovingToTLS(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -39,10 +41,10 @@ func TestMovingToTLS(t *testing.T) {
 		wantRolls  []specs.Transport
 		wantScheme string
 	}{
-		{name: "clients refused in plaintext: two rolls, both schemes on the way", clients: "",
-			wantRolls: []specs.Transport{both, tlsOnly}, wantScheme: "https"},
-		{name: "plaintext clients accepted: one roll", clients: kvv1.PlaintextClientsAccept,
-			wantRolls: []specs.Transport{both}, wantScheme: "https"},
+		{name: "clients refused in plaintext: certificates and both client schemes first, then TLS only", clients: "",
+			wantRolls: []specs.Transport{prepared, tlsOnly}, wantScheme: "https"},
+		{name: "plaintext clients accepted: certificates first, then peers on TLS", clients: kvv1.PlaintextClientsAccept,
+			wantRolls: []specs.Transport{prepared, both}, wantScheme: "https"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,6 +69,13 @@ func TestMovingToTLS(t *testing.T) {
 				for ord, p := range s.obs.Pods {
 					if accepts := map[string]bool{"https": p.Transport.ClientTLS, "http": p.Transport.ClientPlain}[scheme]; !accepts {
 						t.Fatalf("after %s: clients are told to use %s, which member %d (%s) refuses", strings.Join(steps, "; "), scheme, ord, p.Transport)
+					}
+				}
+				for ord, p := range s.obs.Pods {
+					for other, q := range s.obs.Pods {
+						if p.Transport.PeerTLS && !q.Transport.PeerCerts {
+							t.Fatalf("after %s: member %d listens for peers on https, member %d has no peer certificate to reach it", strings.Join(steps, "; "), ord, other)
+						}
 					}
 				}
 				ro := planRollout(s.kvc, s.obs)
@@ -143,6 +152,43 @@ func TestClientScheme(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := (Observation{Pods: tt.pods}).ClientScheme(tt.kvc); got != tt.want {
 				t.Errorf("ClientScheme = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestTheSecondRollWaitsForTheFirst: peers move to TLS once every member has its peer certificate
+// and is ready; once they started to, a member that is not ready does not take them back.
+func TestTheSecondRollWaitsForTheFirst(t *testing.T) {
+	unready := func(s *scenario) {
+		p := s.obs.Pods[1]
+		p.Ready = false
+		s.obs.Pods[1] = p
+	}
+	moved := func(s *scenario) {
+		p := s.obs.Pods[2]
+		p.Transport = &both
+		s.obs.Pods[2] = p
+	}
+	tests := []struct {
+		name string
+		s    *scenario
+		want specs.Transport
+	}{
+		{"every member prepared and ready: peers move", formed(3, "3.7.3").listening(prepared), both},
+		{"the last one prepared is not ready yet: wait", formed(3, "3.7.3").listening(prepared).with(unready), prepared},
+		{"a member without its certificate: prepare", formed(3, "3.7.3").listening(prepared).with(func(s *scenario) {
+			p := s.obs.Pods[0]
+			p.Transport = &plaintext
+			s.obs.Pods[0] = p
+		}), prepared},
+		{"peers moving: a member not ready does not take them back", formed(3, "3.7.3").listening(prepared).with(moved).with(unready), both},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.s.kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator, PlaintextClients: kvv1.PlaintextClientsAccept}
+			if got := templateTransport(tt.s.kvc, tt.s.obs); got != tt.want {
+				t.Errorf("template %s, want %s", got, tt.want)
 			}
 		})
 	}

@@ -119,7 +119,7 @@ func etcdTLSArgs(t Transport) []string {
 			"--trusted-ca-file="+tlsFile(TLSServer, CACertKey),
 			"--client-cert-auth")
 	}
-	if t.PeerTLS {
+	if t.PeerCerts || t.PeerTLS {
 		args = append(args,
 			"--peer-cert-file="+tlsFile(TLSPeer, corev1.TLSCertKey),
 			"--peer-key-file="+tlsFile(TLSPeer, corev1.TLSPrivateKeyKey),

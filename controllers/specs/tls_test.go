@@ -115,7 +115,8 @@ func TestTLSNames(t *testing.T) {
 // accepts both schemes lists both on one port, and asks for client certificates on TLS only.
 func TestTransportsRoundTrip(t *testing.T) {
 	kvc := withTLS(cluster(3), kvv1.TLSOperator)
-	for _, tr := range []Transport{{ClientPlain: true}, {PeerTLS: true, ClientTLS: true, ClientPlain: true}, {PeerTLS: true, ClientTLS: true}} {
+	for _, tr := range []Transport{{ClientPlain: true}, {PeerCerts: true, ClientTLS: true, ClientPlain: true},
+		{PeerTLS: true, PeerCerts: true, ClientTLS: true, ClientPlain: true}, {PeerTLS: true, PeerCerts: true, ClientTLS: true}} {
 		t.Run(tr.String(), func(t *testing.T) {
 			sts := StatefulSet(kvc, MemberSet{Replicas: 3, Transport: tr})
 			c := sts.Spec.Template.Spec.Containers[0]
@@ -128,7 +129,7 @@ func TestTransportsRoundTrip(t *testing.T) {
 			if tr.ClientTLS && tr.ClientPlain && !strings.Contains(args, "--listen-client-urls=https://0.0.0.0:2379,http://0.0.0.0:2379 ") {
 				t.Errorf("client port not on both schemes: %s", args)
 			}
-			if strings.Contains(args, "--client-cert-auth") != tr.ClientTLS || strings.Contains(args, "--peer-client-cert-auth") != tr.PeerTLS {
+			if strings.Contains(args, "--client-cert-auth") != tr.ClientTLS || strings.Contains(args, "--peer-client-cert-auth") != tr.PeerCerts {
 				t.Errorf("certificate flags do not follow the transport: %s", args)
 			}
 			if mounted := len(sts.Spec.Template.Spec.Volumes) > 0; mounted != tr.UsesTLS() {

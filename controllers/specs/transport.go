@@ -14,7 +14,10 @@ import (
 // running cluster moves from plaintext to TLS: then the client port accepts both on the way, so
 // that no client is cut off before every member speaks the new scheme.
 type Transport struct {
-	PeerTLS                bool
+	// PeerTLS: the peer listener is https. PeerCerts: the member has its peer certificate, with
+	// which it dials peers that listen on https; a member moving to TLS has it before its own
+	// listener moves (a leader without it could not send a snapshot to a member on https).
+	PeerTLS, PeerCerts     bool
 	ClientTLS, ClientPlain bool
 }
 
@@ -23,7 +26,7 @@ func DesiredTransport(kvc *kvv1.KVCluster) Transport {
 	if !TLSEnabled(kvc) {
 		return Transport{ClientPlain: true}
 	}
-	return Transport{PeerTLS: true, ClientTLS: true, ClientPlain: kvc.Spec.TLS.PlaintextClients == kvv1.PlaintextClientsAccept}
+	return Transport{PeerTLS: true, PeerCerts: true, ClientTLS: true, ClientPlain: kvc.Spec.TLS.PlaintextClients == kvv1.PlaintextClientsAccept}
 }
 
 // ClientScheme is the scheme a client of these members uses: https when the client port accepts
@@ -43,8 +46,8 @@ func (t Transport) PeerScheme() string {
 	return "http"
 }
 
-// UsesTLS: some port needs the members' certificates.
-func (t Transport) UsesTLS() bool { return t.PeerTLS || t.ClientTLS }
+// UsesTLS: the member needs its certificates.
+func (t Transport) UsesTLS() bool { return t.PeerCerts || t.ClientTLS }
 
 func (t Transport) clientSchemes() []string {
 	var s []string
@@ -83,6 +86,7 @@ func PodTransport(pod *corev1.Pod) (Transport, bool) {
 				peer = true
 				t.PeerTLS = strings.HasPrefix(urls, "https://")
 			}
+			t.PeerCerts = t.PeerCerts || strings.HasPrefix(arg, "--peer-cert-file=")
 		}
 		return t, client && peer
 	}
@@ -109,8 +113,11 @@ func (t Transport) peerURL(host string) string {
 // String describes the transport for messages.
 func (t Transport) String() string {
 	peers := "plaintext peers"
-	if t.PeerTLS {
+	switch {
+	case t.PeerTLS:
 		peers = "peers over TLS"
+	case t.PeerCerts:
+		peers = "plaintext peers with peer certificates"
 	}
 	clients := "plaintext clients"
 	switch {
