@@ -330,7 +330,7 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		}
 
 	case plan.ActAddLearner:
-		if _, err := etcd.AddLearner(ctx, endpoints, specs.MemberPeerURL(kvc, ro.Ordinal)); err != nil {
+		if _, err := etcd.AddLearner(ctx, endpoints, ro.PeerURL); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 

@@ -39,6 +39,9 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		obs.STSReplicas = sts.Spec.Replicas
 		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
 		obs.STSTrust = sts.Spec.Template.Annotations[specs.TrustAnnotation]
+		if t, ok := specs.PodTransport(sts.Spec.Template.Spec); ok {
+			obs.STSTransport = &t
+		}
 	case !apierrors.IsNotFound(err):
 		return obs, nil, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
@@ -167,7 +170,7 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 			Outdated:    obs.STSSettled && pod.Labels[appsv1.StatefulSetRevisionLabel] != sts.Status.UpdateRevision,
 			VolumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)],
 		}
-		if t, ok := specs.PodTransport(pod); ok {
+		if t, ok := specs.PodTransport(pod.Spec); ok {
 			info.Transport = &t
 		}
 		for _, c := range pod.Status.Conditions {

@@ -73,12 +73,20 @@ func desiredMembership(kvc *kvv1.KVCluster, obs Observation) (specs.Membership, 
 		return existingMembership(ordinals)
 	}
 	var ordinals []int
+	urls := map[int]string{}
 	for _, mem := range obs.Cluster.Members {
 		if ord, ok := MemberOrdinal(kvc, mem); ok {
 			ordinals = append(ordinals, ord)
+			if len(mem.PeerURLs) == 1 && mem.PeerURLs[0] != specs.MemberPeerURL(kvc, ord) {
+				urls[ord] = mem.PeerURLs[0] // a cluster moving to TLS: as etcd has it
+			}
 		}
 	}
-	return existingMembership(ordinals)
+	m, replicas := existingMembership(ordinals)
+	if len(urls) > 0 {
+		m.PeerURLs = urls
+	}
+	return m, replicas
 }
 
 // existingMembership is the membership of a formed cluster with these members; its pods are the

@@ -36,6 +36,9 @@ type Observation struct {
 	STSClaimsUnlabelled bool
 	// STSTrust is the CA bundle its template tells members to trust (specs.TrustAnnotation).
 	STSTrust string
+	// STSTransport is how its template makes members listen (nil before it exists): pods made
+	// from now on listen so.
+	STSTransport *specs.Transport
 	// Membership is what the membership ConfigMap says now (nil before it exists).
 	Membership *specs.Membership
 
@@ -203,18 +206,25 @@ func (o Observation) ClientURLs(kvc *kvv1.KVCluster) []string {
 }
 
 // ClientScheme is how the operator, backup Jobs and applications reach the members now: https
-// once every member pod accepts it (and the spec wants TLS), http while every member accepts
-// that; the spec's scheme before there are pods. A cluster moving to TLS accepts both on the way.
+// once every member pod, and the StatefulSet's template (which pods that are gone come back on),
+// accepts it and the spec wants TLS; else http while they all accept that; the spec's scheme
+// before there are any. A cluster moving to TLS accepts both on the way.
 func (o Observation) ClientScheme(kvc *kvv1.KVCluster) string {
 	desired := specs.DesiredTransport(kvc)
 	tls, plain := desired.ClientTLS, true
-	for _, p := range o.Pods {
-		if p.Transport == nil {
-			return desired.ClientScheme()
+	accept := func(t *specs.Transport) {
+		if t != nil { // a pod whose flags are unknown decides nothing
+			tls, plain = tls && t.ClientTLS, plain && t.ClientPlain
 		}
-		tls, plain = tls && p.Transport.ClientTLS, plain && p.Transport.ClientPlain
 	}
-	if !tls && plain {
+	accept(o.STSTransport)
+	for _, p := range o.Pods {
+		accept(p.Transport)
+	}
+	switch {
+	case tls:
+		return "https"
+	case plain:
 		return "http"
 	}
 	return desired.ClientScheme()

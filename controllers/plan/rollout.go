@@ -43,7 +43,8 @@ type Rollout struct {
 	Ordinal int
 	// MemberID is the etcd member the action is about; To is the new leader of a MoveLeader.
 	MemberID, To uint64
-	// Endpoint is the client URL of the member at Ordinal; PeerURL its new peer URL (ActUpdatePeerURL).
+	// Endpoint is the client URL of the member at Ordinal; PeerURL its peer URL (ActAddLearner,
+	// ActUpdatePeerURL).
 	Endpoint, PeerURL string
 	// PodUID is the UID of the pod the decision was made on: a deletion carries it as a
 	// precondition, so a decision taken on a stale cache never deletes a pod already replaced.
@@ -167,7 +168,8 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		if !allHealthy {
 			return wait(reason, "member %s is missing; waiting for every voting member to be healthy before adding it", specs.MemberName(kvc, ord))
 		}
-		return Rollout{Pending: true, Action: ActAddLearner, Ordinal: ord, Reason: reason,
+		// At the peer URL the pod, made from the template of the moment, listens at.
+		return Rollout{Pending: true, Action: ActAddLearner, Ordinal: ord, PeerURL: templateTransport(kvc, obs).MemberPeerURL(kvc, ord), Reason: reason,
 			Message: fmt.Sprintf("adding member %s as a learner (%d voting members, %d wanted)", specs.MemberName(kvc, ord), voting, partitions)}
 	}
 

@@ -77,6 +77,7 @@ func TestPlanTLS(t *testing.T) {
 		kvc         *kvv1.KVCluster
 		secrets     map[string]map[string][]byte
 		pods        map[int]Pod
+		template    *specs.Transport
 		now         time.Time
 		wantIssue   string // the parts issued, in order
 		wantProblem string // words of the problem, or ""
@@ -95,7 +96,9 @@ func TestPlanTLS(t *testing.T) {
 		{name: "nor while a member runs with TLS", kvc: formedOp, secrets: without(specs.TLSCA), pods: map[int]Pod{0: {Transport: &plaintext}, 1: {Transport: &both}},
 			now: t0.Add(time.Hour), wantProblem: "CA Secret kv-tls-ca is missing"},
 		{name: "a running plaintext cluster moving to TLS gets its first CA", kvc: formedOp, pods: map[int]Pod{0: {Transport: &plaintext}, 1: {Transport: &plaintext}},
-			now: t0, wantIssue: "ca server peer client"},
+			template: &plaintext, now: t0, wantIssue: "ca server peer client"},
+		{name: "not once its template gives members certificates", kvc: formedOp, secrets: without(specs.TLSCA), pods: map[int]Pod{0: {Transport: &plaintext}},
+			template: &preparing, now: t0, wantProblem: "CA Secret kv-tls-ca is missing"},
 		{name: "your Secrets fit", kvc: secrets, secrets: given, now: t0.Add(time.Hour), wantTrust: true},
 		{name: "your Secret is missing", kvc: secrets, secrets: map[string]map[string][]byte{specs.TLSServer: given[specs.TLSServer]}, now: t0.Add(time.Hour),
 			wantProblem: "Secret etcd-peer (peer certificate) does not exist"},
@@ -105,7 +108,7 @@ func TestPlanTLS(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := planTLS(tt.kvc, Observation{TLS: tt.secrets, Pods: tt.pods}, tt.now)
+			got := planTLS(tt.kvc, Observation{TLS: tt.secrets, Pods: tt.pods, STSTransport: tt.template}, tt.now)
 			var issued []string
 			for _, p := range got.Parts {
 				if p.Issue {

@@ -30,6 +30,9 @@ type Membership struct {
 	State string
 	// Ordinals are the members of the cluster, by StatefulSet ordinal.
 	Ordinals []int
+	// PeerURLs are the members' peer URLs as etcd has them, where they are not the spec's (a
+	// cluster moving to TLS has both schemes): a joining member must be told exactly those.
+	PeerURLs map[int]string
 }
 
 // NewClusterMembership is the membership of a cluster being formed: all its partitions at once.
@@ -53,7 +56,7 @@ func MembershipConfigMap(kvc *kvv1.KVCluster, m Membership, guard types.UID) *co
 		WithLabels(Labels(kvc)).
 		WithOwnerReferences(Owners(kvc, guard)...).
 		WithData(map[string]string{
-			keyInitialCluster:      initialCluster(kvc, m.Ordinals),
+			keyInitialCluster:      m.initialCluster(kvc),
 			keyInitialClusterState: m.State,
 		})
 }
@@ -71,19 +74,29 @@ func ParseMembership(kvc *kvv1.KVCluster, data map[string]string) (Membership, b
 			return Membership{}, false
 		}
 		m.Ordinals = append(m.Ordinals, ord)
+		if url != MemberPeerURL(kvc, ord) {
+			if m.PeerURLs == nil {
+				m.PeerURLs = map[int]string{}
+			}
+			m.PeerURLs[ord] = url
+		}
 	}
 	return m, true
 }
 
 // InitialCluster is etcd's --initial-cluster value for the members of a new cluster.
 func InitialCluster(kvc *kvv1.KVCluster) string {
-	return initialCluster(kvc, NewClusterMembership(kvc).Ordinals)
+	return NewClusterMembership(kvc).initialCluster(kvc)
 }
 
-func initialCluster(kvc *kvv1.KVCluster, ordinals []int) string {
-	parts := make([]string, 0, len(ordinals))
-	for _, i := range ordinals {
-		parts = append(parts, MemberName(kvc, i)+"="+MemberPeerURL(kvc, i))
+func (m Membership) initialCluster(kvc *kvv1.KVCluster) string {
+	parts := make([]string, 0, len(m.Ordinals))
+	for _, i := range m.Ordinals {
+		url, ok := m.PeerURLs[i]
+		if !ok {
+			url = MemberPeerURL(kvc, i)
+		}
+		parts = append(parts, MemberName(kvc, i)+"="+url)
 	}
 	return strings.Join(parts, ",")
 }

@@ -120,8 +120,7 @@ func TestTransportsRoundTrip(t *testing.T) {
 		t.Run(tr.String(), func(t *testing.T) {
 			sts := StatefulSet(kvc, MemberSet{Replicas: 3, Transport: tr})
 			c := sts.Spec.Template.Spec.Containers[0]
-			pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: *c.Name, Args: c.Args}}}}
-			got, ok := PodTransport(pod)
+			got, ok := PodTransport(corev1.PodSpec{Containers: []corev1.Container{{Name: *c.Name, Args: c.Args}}})
 			if !ok || got != tr {
 				t.Errorf("read back %v (%t) from %v", got, ok, c.Args)
 			}
@@ -137,7 +136,7 @@ func TestTransportsRoundTrip(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := PodTransport(&corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "other"}}}}); ok {
+	if _, ok := PodTransport(corev1.PodSpec{Containers: []corev1.Container{{Name: "other"}}}); ok {
 		t.Error("a pod without an etcd container has a transport")
 	}
 }

@@ -65,10 +65,10 @@ func (t Transport) Overlaps(o Transport) bool {
 	return (t.ClientTLS && o.ClientTLS) || (t.ClientPlain && o.ClientPlain)
 }
 
-// PodTransport is how a member pod listens, read from its etcd container's flags (what it runs,
-// whichever template it was made from); false when it has no etcd container with them.
-func PodTransport(pod *corev1.Pod) (Transport, bool) {
-	for _, c := range pod.Spec.Containers {
+// PodTransport is how a member pod (or a pod template) listens, read from its etcd container's
+// flags; false when it has no etcd container with them.
+func PodTransport(pod corev1.PodSpec) (Transport, bool) {
+	for _, c := range pod.Containers {
 		if c.Name != etcdContainerName {
 			continue
 		}
