@@ -85,7 +85,8 @@ run: ## the main job: the operator managing a sample 3-member KVCluster, on the 
 	  $(KUBECTL) get -n default kvc,statefulsets,pods,pvc -o wide && \
 	  echo && echo "The operator manages kvc/sample. Try:" && \
 	  echo "  export KUBECONFIG=$$KUBECONFIG; alias kubectl=$(KUBECTL)" && \
-	  echo "  kubectl exec -n default sample-0 -- etcdctl --endpoints=http://sample-client.default.svc:2379 put greeting hello" && \
+	  echo "  kubectl exec -n default sample-0 -- etcdctl --endpoints=https://sample-client.default.svc:2379 \\" && \
+	  echo "      --cacert=/etc/etcd/tls/peer/ca.crt --cert=/etc/etcd/tls/peer/tls.crt --key=/etc/etcd/tls/peer/tls.key put greeting hello" && \
 	  echo "  kubectl get kvc -n default -w" && \
 	  echo "Stop the local cluster with: make cluster-down"
 

@@ -138,9 +138,10 @@ func TestBackups(t *testing.T) {
 						Endpoint: "s3." + ns + ".svc:7070", Bucket: bucket, Prefix: "e2e", Insecure: true, CredentialsSecret: "s3-credentials",
 					}},
 					// A real HTTP call during deletion: the dying cluster's members still answer (its
-					// client Service takes no new connections by then: it was drained).
+					// client Service takes no new connections by then: it was drained), on their
+					// plain-HTTP metrics port.
 					Deregistration: &kvv1.DeregistrationSpec{HTTP: &kvv1.HTTPDeregistration{
-						URL: "http://orders-0.orders-peer." + ns + ".svc:2379/version", Method: "GET"}},
+						URL: "http://orders-0.orders-peer." + ns + ".svc:2381/health", Method: "GET"}},
 				},
 			}
 			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
@@ -242,7 +243,7 @@ func TestBackups(t *testing.T) {
 			t.Logf("restored 3-member cluster Ready in %s", time.Since(start).Round(time.Second))
 			for key, want := range map[string]string{"orders/1": "two coffees", "orders/2": "one tea, written just before deletion"} {
 				for i := range 3 { // every member has the data, not just one
-					out := etcdctl(ctx, t, cfg, restored, fmt.Sprintf("orders-restored-%d", i), "--endpoints=http://127.0.0.1:2379",
+					out := etcdctl(ctx, t, cfg, restored, fmt.Sprintf("orders-restored-%d", i),
 						"get", "--consistency=s", "--print-value-only", key)
 					if strings.TrimSpace(out) != want {
 						t.Errorf("member %d of the restored cluster has %s = %q, want %q", i, key, out, want)

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -95,8 +96,8 @@ func TestDeletionKeepsTheData(t *testing.T) {
 			}
 			s3 = startS3(ctx, t, cfg, ns)
 			registry := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "registry", Namespace: ns}, StringData: map[string]string{
-				// etcd answers 404 there: the deregistration fails, and says so without the token.
-				"url": fmt.Sprintf("http://ledger-0.ledger-peer.%s.svc:2379/deregister/%s?token=%s", ns, secretToken, secretToken)}}
+				// etcd's metrics port answers 404 there: the deregistration fails, and says so without the token.
+				"url": fmt.Sprintf("http://ledger-0.ledger-peer.%s.svc:2381/deregister/%s?token=%s", ns, secretToken, secretToken)}}
 			if err := cfg.Client().Resources().Create(ctx, registry); err != nil {
 				t.Fatal(err)
 			}
@@ -136,7 +137,7 @@ func TestDeletionKeepsTheData(t *testing.T) {
 				return ctx
 			}).
 		Assess("no Secret value shows in events or in the operator's log", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			if ev := events(ctx, t, cfg, "ledger"); strings.Contains(ev, secretToken) || !strings.Contains(ev, "http://ledger-0.ledger-peer."+ns+".svc:2379/…") {
+			if ev := events(ctx, t, cfg, "ledger"); strings.Contains(ev, secretToken) || !strings.Contains(ev, "http://ledger-0.ledger-peer."+ns+".svc:2381/…") {
 				t.Errorf("events reveal the token, or do not say which host failed:\n%s", ev)
 			}
 			if logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment); strings.Contains(logs, secretToken) {
@@ -165,7 +166,15 @@ func TestDeletionKeepsTheData(t *testing.T) {
 				waitReady(ctx, t, cfg, kvc, 5*time.Minute)
 				// Its members have the deleted cluster's member IDs, so the fence alarm in the backup
 				// looks like its own: it must have been cleared for the writes below to pass.
-				rep := writerAsk(ctx, t, cfg, kvc, "stop", "endpoints", fmt.Sprintf("http://ledger-client.%s.svc:2379", ns))
+				// With TLS, through the new cluster's client certificate: it reaches the writer's
+				// volume within a kubelet sync.
+				var rep writerReport
+				if err := wait.For(func(ctx context.Context) (bool, error) {
+					raw, err := writerGet(ctx, t, cfg, kvc, "stop", "endpoints", clientService(kvc, schemeOf(get(ctx, t, cfg, kvc))))
+					return err == nil && json.Unmarshal(raw, &rep) == nil, nil
+				}, wait.WithTimeout(3*time.Minute), wait.WithInterval(5*time.Second)); err != nil {
+					t.Fatalf("the writer cannot check the re-created cluster: %v", err)
+				}
 				if !rep.Checked || len(rep.Missing) != 0 || rep.Acknowledged != acknowledged || rep.Acknowledged == 0 {
 					t.Errorf("writer against the restored cluster: %d acknowledged, %d present, %d missing (%.3v); want all %d acknowledged writes present",
 						rep.Acknowledged, rep.Present, len(rep.Missing), rep.Missing, acknowledged)

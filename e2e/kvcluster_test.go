@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/e2e-framework/pkg/features"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 func TestOperatorIsDeployed(t *testing.T) {
@@ -150,7 +152,7 @@ func TestSampleClusterLifecycle(t *testing.T) {
 			if ids(after) != ids(before) {
 				t.Errorf("member IDs changed from %s to %s: the member must rejoin with its data, not as a new member", ids(before), ids(after))
 			}
-			out := etcdctl(ctx, t, cfg, kvc, kvc.Name+"-1", "--endpoints=http://127.0.0.1:2379", "get", "--consistency=s", "--print-value-only", "e2e/greeting")
+			out := etcdctl(ctx, t, cfg, kvc, kvc.Name+"-1", "get", "--consistency=s", "--print-value-only", "e2e/greeting")
 			if strings.TrimSpace(out) != "hello from e2e" {
 				t.Errorf("the restarted member serves %q for the key written before", out)
 			}
@@ -189,10 +191,23 @@ func waitReady(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1
 	}
 }
 
+// etcdctl runs etcdctl in a member's container; when the member serves TLS (new clusters have it
+// by default) with the member's peer certificate, which allows client authentication too, unless
+// args name a plaintext endpoint.
 func etcdctl(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, pod string, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	cmd := append([]string{"etcdctl", "--dial-timeout=5s", "--command-timeout=10s"}, args...)
+	cmd := []string{"etcdctl", "--dial-timeout=5s", "--command-timeout=10s"}
+	var member corev1.Pod
+	if err := cfg.Client().Resources().Get(ctx, pod, kvc.Namespace, &member); err != nil {
+		t.Fatal(err)
+	}
+	plaintext := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--endpoints=http://") })
+	if listens, _ := specs.PodTransport(member.Spec); listens.ClientTLS && !plaintext {
+		cmd = append(cmd, "--endpoints=https://localhost:2379", "--cacert=/etc/etcd/tls/peer/ca.crt",
+			"--cert=/etc/etcd/tls/peer/tls.crt", "--key=/etc/etcd/tls/peer/tls.key")
+	}
+	cmd = append(cmd, args...)
 	if err := cfg.Client().Resources().ExecInPod(ctx, kvc.Namespace, pod, "etcd", cmd, &stdout, &stderr); err != nil {
 		t.Fatalf("exec %v in %s: %v: %s", cmd, pod, err, stderr.String())
 	}

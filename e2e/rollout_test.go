@@ -41,10 +41,7 @@ type writerReport struct {
 // exists or not, so a writer started on a plaintext cluster can move to TLS with it (/switch).
 func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
 	t.Helper()
-	scheme := "http"
-	if kvc.Spec.TLS != nil && kvc.Spec.TLS.Mode == kvv1.TLSOperator {
-		scheme = "https"
-	}
+	scheme := schemeOf(get(ctx, t, cfg, kvc))
 	optional := true
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "writer", Namespace: kvc.Namespace},
@@ -71,6 +68,18 @@ func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kv
 	}, wait.WithTimeout(time.Minute), wait.WithInterval(time.Second)); err != nil {
 		t.Fatalf("the writer never wrote: %+v", writerAsk(ctx, t, cfg, kvc, "report"))
 	}
+}
+
+// schemeOf is the scheme the cluster's clients use: what status.clientEndpoint says, else https
+// with TLS (which new clusters have by default: deploy/default installs an admission policy).
+func schemeOf(kvc *kvv1.KVCluster) string {
+	if scheme, _, ok := strings.Cut(kvc.Status.ClientEndpoint, "://"); ok {
+		return scheme
+	}
+	if kvc.Spec.TLS != nil && kvc.Spec.TLS.Mode != kvv1.TLSDisabled {
+		return "https"
+	}
+	return "http"
 }
 
 // clientService is the URL of the cluster's client Service in scheme.

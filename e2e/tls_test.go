@@ -287,6 +287,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			ns := namespaceWithBackupClaim(ctx, t, cfg, "kvc-move-tls", "backup-volume", "256Mi")
 			kvc = backedUpOnClaim(ns, "ledger", 3)
+			kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled} // new clusters have TLS by default
 			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
 				t.Fatal(err)
 			}
