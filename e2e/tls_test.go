@@ -52,6 +52,20 @@ func writerGet(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1
 	return cs.CoreV1().Pods(kvc.Namespace).ProxyGet("http", "writer", "8080", "/"+path, query).DoRaw(ctx)
 }
 
+// waitForBackup waits for a backup of the cluster that succeeded after after, and returns it.
+func waitForBackup(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, after time.Time) *kvv1.BackupRecord {
+	t.Helper()
+	err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
+		lb := o.(*kvv1.KVCluster).Status.LastBackup
+		return lb != nil && lb.Succeeded && lb.CompletionTime != nil && lb.CompletionTime.After(after)
+	}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
+	got := get(ctx, t, cfg, kvc)
+	if err != nil {
+		t.Fatalf("no backup succeeded after %s: %v; last %+v", after.Format(time.RFC3339), err, got.Status.LastBackup)
+	}
+	return got.Status.LastBackup
+}
+
 func TestTLSCluster(t *testing.T) {
 	var kvc *kvv1.KVCluster
 	// A member's peer certificate allows client authentication too: etcdctl in a member's pod
@@ -207,15 +221,8 @@ func TestTLSCluster(t *testing.T) {
 			return ctx
 		}).
 		Assess("a scheduled backup reaches the members over TLS", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
-				lb := o.(*kvv1.KVCluster).Status.LastBackup
-				return lb != nil && lb.Succeeded
-			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
-			got := get(ctx, t, cfg, kvc)
-			if err != nil {
-				t.Fatalf("no successful backup: %v; last %+v", err, got.Status.LastBackup)
-			}
-			t.Logf("backup: %s, %d bytes, revision %d", got.Status.LastBackup.Location, got.Status.LastBackup.Size, got.Status.LastBackup.Revision)
+			lb := waitForBackup(ctx, t, cfg, kvc, time.Time{})
+			t.Logf("backup: %s, %d bytes, revision %d", lb.Location, lb.Size, lb.Revision)
 			return ctx
 		}).
 		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
@@ -352,14 +359,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 			return ctx
 		}).
 		Assess("a scheduled backup reaches the members over TLS", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			since := time.Now()
-			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
-				lb := o.(*kvv1.KVCluster).Status.LastBackup
-				return lb != nil && lb.Succeeded && lb.CompletionTime != nil && lb.CompletionTime.After(since)
-			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
-			if err != nil {
-				t.Fatalf("no backup succeeded after the move: %+v", get(ctx, t, cfg, kvc).Status.LastBackup)
-			}
+			waitForBackup(ctx, t, cfg, kvc, time.Now())
 			return ctx
 		}).
 		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
