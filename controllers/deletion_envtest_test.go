@@ -145,6 +145,44 @@ func TestFinalBackupWaitsForDrainedClientsAndFencedWrites(t *testing.T) {
 	h.reconcileGone(kvc, "DrainStarted", "WritesFenced", "fenced at revision 4242", "writes were fenced at revision 4242: it holds the cluster's last state")
 }
 
+// TestAForegroundDeletionFencesATLSCluster: in a foreground deletion (Argo CD's prunes) the
+// garbage collector takes the KVCluster off the owners of its TLS Secrets, which its guard still
+// owns; the operator must still fence writes with the cluster's client certificate, or the final
+// backup misses every write acknowledged after it began.
+func TestAForegroundDeletionFencesATLSCluster(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("tlsfence")
+	kvc := withBackups(newKVCluster(ns, "kv", 3), "")
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	kvc = h.readyCluster(kvc)
+	if err := h.client.Delete(context.Background(), h.fresh(kvc), client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
+		t.Fatal(err)
+	}
+	var secrets corev1.SecretList
+	if err := h.client.List(context.Background(), &secrets, client.InNamespace(ns)); err != nil || len(secrets.Items) < 4 {
+		t.Fatalf("TLS Secrets %d, %v", len(secrets.Items), err)
+	}
+	for i := range secrets.Items { // what the garbage collector does to a dependent with another owner
+		s := &secrets.Items[i]
+		s.OwnerReferences = slices.DeleteFunc(s.OwnerReferences, func(r metav1.OwnerReference) bool { return r.Kind == "KVCluster" })
+		if len(s.OwnerReferences) == 0 {
+			t.Fatalf("Secret %s has no owner but the KVCluster: a foreground deletion would delete it before the final backup", s.Name)
+		}
+		if err := h.client.Update(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.reconcile(kvc)
+	h.clock.SetTime(h.clock.Now().Add(11 * time.Second))
+	h.reconcile(kvc)
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"fence"}) {
+		t.Errorf("etcd calls = %v, want writes fenced once, with the cluster's client certificate", calls)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "WritesFenced") {
+		t.Errorf("events = %q, want WritesFenced", ev)
+	}
+}
+
 // TestTheGuardOwnsWhatTheFinalBackupNeeds: while a cluster has deletion steps, a guard ConfigMap
 // owned by no one is a second owner of the members' StatefulSet, the peer Service and the
 // membership ConfigMap, so even a foreground deletion (Argo CD's default for prunes) leaves them

@@ -72,7 +72,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		return obs, nil, err
 	}
 
-	if obs.TLS, err = r.observeTLS(ctx, kvc, &obs); err != nil {
+	if obs.TLS, err = r.observeTLS(ctx, kvc, "", &obs); err != nil {
 		return obs, nil, err
 	}
 	if etcd, err = r.membersClient(kvc, obs.ClientScheme(kvc), obs.TLS); err != nil {
@@ -97,8 +97,10 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 }
 
 // observeTLS reads the cluster's TLS Secrets: the operator's own (a Secret under their name that
-// the cluster does not control is someone else's, never written), or those the spec names.
-func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluster, obs *plan.Observation) (map[string]map[string][]byte, error) {
+// the cluster does not control is someone else's, never written), or those the spec names. In a
+// foreground deletion the garbage collector takes the KVCluster off the owners of the Secrets its
+// guard also owns: those are still the cluster's (guard is the guard's UID, or "").
+func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID, obs *plan.Observation) (map[string]map[string][]byte, error) {
 	if !specs.TLSEnabled(kvc) {
 		return nil, nil
 	}
@@ -118,7 +120,7 @@ func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluste
 			}
 			continue
 		}
-		if operator && !controlledBy(&secret, kvc) {
+		if operator && !controlledBy(&secret, kvc) && (guard == "" || !ownedBy(&secret, guard)) {
 			obs.ForeignChildren = append(obs.ForeignChildren, "Secret "+name+" ("+ownerOf(&secret)+")")
 			continue
 		}
@@ -315,9 +317,19 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), kvc); err != nil {
 		return nil, obs, nil, client.IgnoreNotFound(err)
 	}
+	var err error
+	if obs.NamespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
+		return nil, obs, nil, err
+	}
+	var guard corev1.ConfigMap
+	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {
+		return nil, obs, nil, err
+	} else if found && guard.Labels[specs.ClusterUIDLabel] == string(kvc.UID) {
+		obs.Guard = guard.UID
+	}
 	// The fence speaks to the members with the cluster's client certificate; without a usable
 	// one it fails, and the final backup goes on unfenced, saying so.
-	secrets, err := r.observeTLS(ctx, kvc, &plan.Observation{})
+	secrets, err := r.observeTLS(ctx, kvc, obs.Guard, &plan.Observation{})
 	if err != nil {
 		return nil, obs, nil, err
 	}
@@ -329,15 +341,6 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	etcd, err := r.membersClient(kvc, obs.ClientScheme, secrets)
 	if err != nil {
 		etcd = r.Members
-	}
-	if obs.NamespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
-		return nil, obs, nil, err
-	}
-	var guard corev1.ConfigMap
-	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {
-		return nil, obs, nil, err
-	} else if found && guard.Labels[specs.ClusterUIDLabel] == string(kvc.UID) {
-		obs.Guard = guard.UID
 	}
 	if obs.Orphaning, err = r.orphaning(ctx, kvc); err != nil {
 		return nil, obs, nil, err

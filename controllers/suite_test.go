@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -269,11 +270,27 @@ func (f *fakeMembers) UpdatePeerURL(_ context.Context, _ []string, id uint64, pe
 	return nil
 }
 
-func (f *fakeMembers) FenceWrites(context.Context, []string) (int64, error) {
+func (f *fakeMembers) FenceWrites(ctx context.Context, endpoints []string) (int64, error) {
+	return f.fence(endpoints, false)
+}
+
+// withCertificate is the fake asked through a client with a certificate (WithTLS): as etcd does,
+// the fake answers calls to https endpoints only through it.
+type withCertificate struct{ *fakeMembers }
+
+func (c withCertificate) FenceWrites(ctx context.Context, endpoints []string) (int64, error) {
+	return c.fence(endpoints, true)
+}
+
+func (f *fakeMembers) fence(endpoints []string, withCert bool) (int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
 		return 0, f.err
+	}
+	if !withCert && slices.ContainsFunc(endpoints, func(e string) bool { return strings.HasPrefix(e, "https://") }) {
+		f.record("fence refused: no client certificate")
+		return 0, errors.New("context deadline exceeded")
 	}
 	if len(f.fenceErrs) > 0 {
 		err := f.fenceErrs[0]
@@ -303,7 +320,7 @@ func (f *fakeMembers) set(c members.Cluster, err error) {
 }
 
 // WithTLS: the fake stands for every cluster, with or without TLS.
-func (f *fakeMembers) WithTLS(*tls.Config) members.Client { return f }
+func (f *fakeMembers) WithTLS(*tls.Config) members.Client { return withCertificate{f} }
 
 func (f *fakeMembers) Cluster(context.Context, []string, func(members.Member) (string, bool)) (members.Cluster, error) {
 	f.mu.Lock()
