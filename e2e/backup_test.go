@@ -141,7 +141,7 @@ func TestBackups(t *testing.T) {
 					// client Service takes no new connections by then: it was drained), on their
 					// plain-HTTP metrics port.
 					Deregistration: &kvv1.DeregistrationSpec{HTTP: &kvv1.HTTPDeregistration{
-						URL: "http://orders-0.orders-peer." + ns + ".svc:2381/health", Method: "GET"}},
+						URL: "http://orders-0.orders-peer." + ns + ".svc:2381/livez", Method: "GET"}},
 				},
 			}
 			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
