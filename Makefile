@@ -107,6 +107,13 @@ bench: ## memory and speed of streaming backups into each store (B/op must not g
 	$(BUILD_TOOLS) versitygw etcd-$(ETCD_VERSION)
 	KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" go test -run '^$$' -bench StorePut -benchtime 3x ./backup/
 
+.PHONY: bench-tls
+bench-tls: ## request latency through the client Service, plaintext and mutual TLS, on the local cluster (percentiles per put)
+	$(MAKE) --no-print-directory cluster-down cluster-up images-local
+	status=0; E2E_LOCAL_CLUSTER=1 KUBECTL=$(KUBECTL) go test -tags e2e -run '^$$' -bench ClientLatency -benchtime 3x ./e2e/ \
+	  -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
+	  $(CLUSTER) down; exit $$status
+
 .PHONY: e2e-local
 e2e-local: ## e2e on the project's local cluster: up, import images, deploy from deploy/, run the suite, down
 	$(MAKE) --no-print-directory cluster-down cluster-up images-local

@@ -166,7 +166,7 @@ func TestSampleClusterLifecycle(t *testing.T) {
 	testenv.Test(t, f)
 }
 
-func get(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) *kvv1.KVCluster {
+func get(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster) *kvv1.KVCluster {
 	t.Helper()
 	out := &kvv1.KVCluster{}
 	if err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, out); err != nil {
@@ -176,7 +176,7 @@ func get(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVClu
 }
 
 // waitReady waits for what `kubectl wait --for=condition=Ready` waits for, for the current generation.
-func waitReady(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, timeout time.Duration) {
+func waitReady(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster, timeout time.Duration) {
 	t.Helper()
 	err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
 		k := o.(*kvv1.KVCluster)

@@ -39,7 +39,7 @@ type writerReport struct {
 // startWriter runs the continuous writer against the cluster's client Service, with the
 // cluster's client certificate when it has TLS. The certificate's Secret is mounted whether it
 // exists or not, so a writer started on a plaintext cluster can move to TLS with it (/switch).
-func startWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
+func startWriter(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster) {
 	t.Helper()
 	scheme := schemeOf(get(ctx, t, cfg, kvc))
 	optional := true
@@ -88,7 +88,7 @@ func clientService(kvc *kvv1.KVCluster, scheme string) string {
 }
 
 // writerAsk reads the writer's report through the API server's pod proxy (works on kind too).
-func writerAsk(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, what string, params ...string) writerReport {
+func writerAsk(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster, what string, params ...string) writerReport {
 	t.Helper()
 	raw, err := writerGet(ctx, t, cfg, kvc, what, params...)
 	if err != nil {

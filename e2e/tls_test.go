@@ -39,7 +39,7 @@ func lastLine(s string) string {
 }
 
 // writerGet asks the writer pod for path through the API server's pod proxy.
-func writerGet(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, path string, params ...string) ([]byte, error) {
+func writerGet(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster, path string, params ...string) ([]byte, error) {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(cfg.Client().RESTConfig())
 	if err != nil {

@@ -10,6 +10,7 @@
 //	         connection now (a cluster with TLS: --tls-dir holds its client certificate)
 //	/switch?endpoints=...  goes on writing through other endpoints (https ones with the client
 //	         certificate in --tls-dir, read now), as an application moving to TLS does
+//	/latency?n=2000  stops writing, then times n sequential 256-byte puts and reports percentiles
 package main
 
 import (
@@ -23,6 +24,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -122,6 +125,39 @@ func (w *writer) check(ctx context.Context) (Report, error) {
 	}
 	rep.Checked, rep.Present = true, len(present)
 	return rep, nil
+}
+
+// Latency is what /latency answers: n sequential puts, percentiles in microseconds.
+type Latency struct {
+	Puts      int   `json:"puts"`
+	P50Micros int64 `json:"p50Micros"`
+	P90Micros int64 `json:"p90Micros"`
+	P99Micros int64 `json:"p99Micros"`
+	MaxMicros int64 `json:"maxMicros"`
+}
+
+// latency stops the writing loop, then times n sequential puts of 256 bytes with its client.
+func (w *writer) latency(ctx context.Context, n int) (Latency, error) {
+	w.mu.Lock()
+	w.stopped = true
+	cli := w.cli
+	w.mu.Unlock()
+	time.Sleep(100 * time.Millisecond) // a put of the loop in flight ends
+	value := strings.Repeat("x", 256)
+	took := make([]time.Duration, 0, n)
+	for i := range n {
+		start := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := cli.Put(cctx, fmt.Sprintf("%slatency/%08d", w.prefix, i), value)
+		cancel()
+		if err != nil {
+			return Latency{}, err
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	at := func(q float64) int64 { return took[min(len(took)-1, int(q*float64(len(took))))].Microseconds() }
+	return Latency{Puts: n, P50Micros: at(0.50), P90Micros: at(0.90), P99Micros: at(0.99), MaxMicros: took[len(took)-1].Microseconds()}, nil
 }
 
 // clientTLS is the writer's TLS configuration for a cluster with TLS (nil without --tls-dir): it
@@ -242,6 +278,20 @@ func main() {
 		// A write in flight on the old client finishes first (it has its own timeout).
 		time.AfterFunc(5*time.Second, func() { _ = old.Close() })
 		reply(rw, w.report(), nil)
+	})
+	http.HandleFunc("/latency", func(rw http.ResponseWriter, r *http.Request) {
+		n, err := strconv.Atoi(r.URL.Query().Get("n"))
+		if err != nil || n < 1 {
+			http.Error(rw, "n must be a positive number", http.StatusBadRequest)
+			return
+		}
+		lat, err := w.latency(r.Context(), n)
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(lat)
 	})
 	http.HandleFunc("/servercert", func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
