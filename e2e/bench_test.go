@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -26,8 +28,10 @@ func BenchmarkClientLatency(b *testing.B) {
 		b.Run(string(mode), func(b *testing.B) {
 			ctx := context.Background()
 			kvc := benchCluster(ctx, b, cfg, mode)
-			defer func() {
-				_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
+			defer func() { // gone before the next mode's cluster starts: 2 cores are shared
+				ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}}
+				_ = cfg.Client().Resources().Delete(ctx, ns)
+				_ = wait.For(conditions.New(cfg.Client().Resources()).ResourceDeleted(ns), wait.WithTimeout(3*time.Minute))
 			}()
 			var p50, p90, p99, maxMicros int64
 			b.ResetTimer()

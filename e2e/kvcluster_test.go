@@ -92,6 +92,10 @@ func TestSampleClusterLifecycle(t *testing.T) {
 			if got.Status.Phase != kvv1.PhaseReady || got.Status.ReadyPartitions != 3 || got.Status.CurrentVersion != kvc.Spec.Version {
 				t.Fatalf("status = %+v", got.Status)
 			}
+			// The sample states no spec.tls: deploy/default's admission policy gave it TLS.
+			if got.Spec.TLS == nil || got.Spec.TLS.Mode != kvv1.TLSOperator || !strings.HasPrefix(got.Status.ClientEndpoint, "https://") {
+				t.Errorf("a new cluster is not TLS by default: spec.tls %+v, endpoint %s", got.Spec.TLS, got.Status.ClientEndpoint)
+			}
 			leaders := 0
 			for _, m := range got.Status.Members {
 				if !m.Healthy || m.Learner || m.Version != kvc.Spec.Version {
@@ -202,10 +206,13 @@ func etcdctl(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.K
 	if err := cfg.Client().Resources().Get(ctx, pod, kvc.Namespace, &member); err != nil {
 		t.Fatal(err)
 	}
+	named := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--endpoints=") })
 	plaintext := slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--endpoints=http://") })
 	if listens, _ := specs.PodTransport(member.Spec); listens.ClientTLS && !plaintext {
-		cmd = append(cmd, "--endpoints=https://localhost:2379", "--cacert=/etc/etcd/tls/peer/ca.crt",
-			"--cert=/etc/etcd/tls/peer/tls.crt", "--key=/etc/etcd/tls/peer/tls.key")
+		cmd = append(cmd, "--cacert=/etc/etcd/tls/peer/ca.crt", "--cert=/etc/etcd/tls/peer/tls.crt", "--key=/etc/etcd/tls/peer/tls.key")
+		if !named { // --endpoints adds up when repeated: a second one would hide a broken endpoint
+			cmd = append(cmd, "--endpoints=https://localhost:2379")
+		}
 	}
 	cmd = append(cmd, args...)
 	if err := cfg.Client().Resources().ExecInPod(ctx, kvc.Namespace, pod, "etcd", cmd, &stdout, &stderr); err != nil {

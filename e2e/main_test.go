@@ -71,7 +71,8 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m))
 }
 
-// deployOperator applies deploy/default (CRD, RBAC, manager) and waits for the manager to be Available.
+// deployOperator applies deploy/default (CRD, TLS-by-default admission policy, RBAC, manager) and
+// waits for the manager to be Available.
 func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, error) {
 	out, err := kubectl(cfg, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join("..", "deploy", "default"))
 	if err != nil {

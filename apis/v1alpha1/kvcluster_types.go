@@ -62,7 +62,8 @@ type KVClusterSpec struct {
 
 	// TLS secures the members' client and peer traffic with mutual TLS: every client (the operator,
 	// backup Jobs, applications) presents a certificate from the cluster's CA, and members
-	// authenticate each other. Unset: plaintext. Set at creation.
+	// authenticate each other. Unset: plaintext to the operator, but the admission policy that
+	// deploy/default installs gives new clusters mode Operator. Only plaintext → TLS may change.
 	//
 	// +optional
 	TLS *TLSSpec `json:"tls,omitempty"`

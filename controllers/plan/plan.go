@@ -114,8 +114,20 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
 	p.Status = st
-	p.Events = append(phaseEvents(kvc, v), events...)
+	p.Events = append(append(phaseEvents(kvc, v), events...), tlsUnset(kvc)...)
 	return p
+}
+
+// tlsUnset warns, on a new cluster's first reconcile, that it is plaintext because spec.tls is
+// unset: the admission policy of deploy/default gives new clusters TLS, so it was not installed
+// or not in effect yet when this one was created.
+func tlsUnset(kvc *kvv1.KVCluster) []Event {
+	if kvc.Spec.TLS != nil || kvc.Status.Phase != "" {
+		return nil
+	}
+	return []Event{{Type: corev1.EventTypeWarning, Reason: EventTLSUnset, Action: "CheckTLS", Message: "spec.tls is unset, so the cluster is " +
+		"plaintext: the admission policy deploy/default installs gives new clusters tls.mode Operator, and was not installed or not " +
+		"in effect yet when this one was created. Set spec.tls.mode: Operator to move it to TLS, or Disabled to say plaintext is meant"}}
 }
 
 // FinalizerChange says whether the deletion finalizer must be added (want true) or removed (want

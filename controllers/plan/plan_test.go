@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,29 @@ func TestMake(t *testing.T) {
 			}
 			if p.Rollout.Action == ActRestartPod && p.Rollout.PodUID != types.UID("pod-kv-2") {
 				t.Errorf("restarts pod %q, want kv-2's", p.Rollout.PodUID)
+			}
+		})
+	}
+}
+
+// TestANewClusterWithoutTLSIsWarnedAbout: a new cluster that reached the operator without
+// spec.tls (the TLS-by-default policy missing, or not in effect yet) gets one Warning; one that
+// states its mode, or has run before, gets none.
+func TestANewClusterWithoutTLSIsWarnedAbout(t *testing.T) {
+	stated := kvcIn("", 0)
+	stated.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled}
+	for name, tt := range map[string]struct {
+		kvc  *kvv1.KVCluster
+		want bool
+	}{
+		"new, tls unset":        {kvcIn("", 0), true},
+		"new, plaintext stated": {stated, false},
+		"running, tls unset":    {kvcIn(kvv1.PhaseReady, 0), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			warned := slices.ContainsFunc(Make(tt.kvc, Observation{}, t0, Config{}).Events, func(e Event) bool { return e.Reason == EventTLSUnset && e.Type == "Warning" })
+			if warned != tt.want {
+				t.Errorf("warned %t, want %t", warned, tt.want)
 			}
 		})
 	}

@@ -55,6 +55,7 @@ const (
 	EventVolumeAdopted          = "VolumeAdopted"
 	EventCertificateIssued      = "CertificateIssued"
 	EventCARotated              = "CARotated"
+	EventTLSUnset               = "TLSUnset"
 
 	// The deletion steps.
 	EventDrainStarted            = "DrainStarted"

@@ -37,7 +37,8 @@ type KVClusterSpecApplyConfiguration struct {
 	Restore *RestoreSpecApplyConfiguration `json:"restore,omitempty"`
 	// TLS secures the members' client and peer traffic with mutual TLS: every client (the operator,
 	// backup Jobs, applications) presents a certificate from the cluster's CA, and members
-	// authenticate each other. Unset: plaintext. Set at creation.
+	// authenticate each other. Unset: plaintext to the operator, but the admission policy that
+	// deploy/default installs gives new clusters mode Operator. Only plaintext → TLS may change.
 	TLS *TLSSpecApplyConfiguration `json:"tls,omitempty"`
 	// Deregistration runs once on deletion, after the final backup and before the cluster goes,
 	// e.g. to remove it from a service registry. Its failure follows backup.onFinalBackupFailure
