@@ -439,10 +439,18 @@ func (r *KVClusterReconciler) disarm(ctx context.Context, kvc *kvv1.KVCluster, e
 // backupJobs starts the backup due now and deletes the Jobs beyond the history limits.
 func (r *KVClusterReconciler) backupJobs(ctx context.Context, kvc *kvv1.KVCluster, b plan.Backups) error {
 	if b.Start != nil {
-		if err := r.Client.Apply(ctx, b.Start, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
-			return fmt.Errorf("apply backup Job %s/%s: %w", kvc.Namespace, *b.Start.Name, err)
+		// A Job created a moment ago may not be in the cache yet: it is never applied again (its
+		// template is immutable, and the members' scheme may have changed since).
+		err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: *b.Start.Name}, &batchv1.Job{})
+		switch {
+		case apierrors.IsNotFound(err):
+			if err := r.Client.Apply(ctx, b.Start, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+				return fmt.Errorf("apply backup Job %s/%s: %w", kvc.Namespace, *b.Start.Name, err)
+			}
+			r.record(kvc, b.Started)
+		case err != nil:
+			return fmt.Errorf("look for backup Job %s/%s: %w", kvc.Namespace, *b.Start.Name, err)
 		}
-		r.record(kvc, b.Started)
 	}
 	for _, job := range b.Prune {
 		if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {

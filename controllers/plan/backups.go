@@ -91,8 +91,14 @@ func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus,
 		st.NextBackupTime = nil
 		return out, events, 0
 	}
+	name := backup.JobName(kvc.Name, s.at)
+	if !s.at.IsZero() && slices.ContainsFunc(obs.Jobs, func(j Job) bool { return j.Job.Name == name }) {
+		// Started already: a status written from a cache behind the operator's last write took
+		// lastScheduledTime back. Its Job is not applied again (its spec may differ by now).
+		at := metav1.NewTime(s.at)
+		st.LastScheduledTime, s.at = &at, time.Time{}
+	}
 	if !s.at.IsZero() {
-		name := backup.JobName(kvc.Name, s.at)
 		run := specs.ScheduledBackupRun(kvc, name)
 		run.ClientScheme = obs.ClientScheme(kvc)
 		out.Start = specs.BackupJob(kvc, run, image)

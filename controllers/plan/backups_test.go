@@ -157,3 +157,28 @@ func TestFinishedBackupsAreRecordedAndPruned(t *testing.T) {
 		t.Errorf("after a failure: record %+v, lastBackupTime %v, condition %+v; want the failure recorded, lastBackupTime kept", rec, st.LastBackupTime, cond)
 	}
 }
+
+// TestASlotWhoseJobExistsIsNotStartedAgain: a status written from a cache that lagged behind the
+// operator's own last write can take lastScheduledTime back to before a slot whose Job already
+// ran. That slot is not started again: re-applying its Job announced a second BackupStarted and,
+// once the Job's spec would differ (the members moved to TLS since), failed every reconcile.
+func TestASlotWhoseJobExistsIsNotStartedAgain(t *testing.T) {
+	kvc := backedUp("* * * * *")
+	kvc.CreationTimestamp = metav1.NewTime(t0.Add(-time.Hour))
+	before := metav1.NewTime(t0.Add(-time.Minute))
+	kvc.Status.LastScheduledTime = &before
+	ran := backupJobAt(backup.JobName(kvc.Name, t0), batchv1.JobComplete, t0.Add(20*time.Second))
+	st := *kvc.Status.DeepCopy()
+	b, events, _ := planBackups(kvc, Observation{Jobs: []Job{ran}}, &st, t0.Add(30*time.Second), "op:1")
+	if b.Start != nil {
+		t.Errorf("the slot's Job %s is started again", *b.Start.Name)
+	}
+	if st.LastScheduledTime == nil || !st.LastScheduledTime.Time.Equal(t0) {
+		t.Errorf("lastScheduledTime %v, want the slot %v recorded again", st.LastScheduledTime, t0)
+	}
+	for _, e := range events {
+		if e.Reason == EventBackupStarted {
+			t.Errorf("announced again: %s", e.Message)
+		}
+	}
+}
