@@ -86,6 +86,17 @@ func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, 
 		logs, _ := kubectl(cfg, "-n", operatorNamespace, "describe", "pods")
 		return ctx, fmt.Errorf("the operator did not become Available: %v\n%s", err, logs)
 	}
+	// The API server applies a new admission policy a few seconds after it is created, and until
+	// then refuses KVClusters ("Resource kind ... not found"): wait until it gives one TLS.
+	err = wait.For(func(ctx context.Context) (bool, error) {
+		probe := exec.CommandContext(ctx, envOr("KUBECTL", "kubectl"), "--kubeconfig", cfg.KubeconfigFile(), "create", "--dry-run=server",
+			"-o", "jsonpath={.spec.tls.mode}", "-f", filepath.Join("..", "deploy", "samples", "kvcluster.yaml"), "-n", "default")
+		out, err := probe.Output()
+		return err == nil && string(out) == string(kvv1.TLSOperator), nil
+	}, wait.WithTimeout(time.Minute), wait.WithInterval(time.Second))
+	if err != nil {
+		return ctx, fmt.Errorf("the TLS-by-default admission policy is not in effect a minute after deploying: %v", err)
+	}
 	return ctx, nil
 }
 
