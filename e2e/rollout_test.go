@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -218,6 +219,15 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster", "-o", "custom-columns=REASON:.reason,MESSAGE:.note")
 			if !strings.Contains(events, "LeaderMoved") {
 				t.Errorf("no LeaderMoved event:\n%s", events)
+			}
+			// A node drain may take one of three members, with the pre-upgrade backup's pod still
+			// there (a Job's pod counted as a member made the budget allow nothing).
+			pdb := &policyv1.PodDisruptionBudget{}
+			if err := wait.For(func(ctx context.Context) (bool, error) {
+				err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, pdb)
+				return err == nil && pdb.Status.DisruptionsAllowed == 1, nil
+			}, wait.WithTimeout(time.Minute), wait.WithInterval(2*time.Second)); err != nil {
+				t.Errorf("the PodDisruptionBudget allows %d disruptions, want 1: %+v", pdb.Status.DisruptionsAllowed, pdb.Status.Conditions)
 			}
 			return ctx
 		}).

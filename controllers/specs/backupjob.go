@@ -204,6 +204,6 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 			WithBackoffLimit(0).
 			WithActiveDeadlineSeconds(deadline).
 			WithTemplate(corev1ac.PodTemplateSpec().
-				WithLabels(labels).
+				WithLabels(JobPodLabels(labels)).
 				WithSpec(pod.WithContainers(container))))
 }

@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
 
 	"github.com/kvcluster/kvcluster-operator/backup"
 
@@ -124,7 +126,7 @@ func TestPreUpgradeBackupJob(t *testing.T) {
 			kvc.Spec.Backup = &tt.backup
 			compareFacts(t, factsOf(t, PreUpgradeBackupJob(kvc, "http", "op:1", at)), jobFacts{
 				Name: "kv-preupgrade", Namespace: "prod",
-				Labels: labels, PodLabels: labels,
+				Labels: labels, PodLabels: withoutInstance(labels),
 				Annotations: map[string]string{"kvcluster.io/target-version": tt.version},
 				Owners:      []string{"kvcluster.io/v1alpha1 KVCluster/kv uid=uid-1 controller=true blockOwnerDeletion=true"},
 				Deadline:    1800, Backoff: 0,
@@ -170,4 +172,35 @@ func TestFinalBackupJobDeadlineLeavesTimeToReport(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestJobPodsAreNoMembers: the pods of backup and deregistration Jobs match none of the members'
+// selectors. The PodDisruptionBudget's would otherwise count them and, finding no scale
+// subresource on a Job, allow no disruption at all (a node drain would hang); the client
+// Service's would send clients to a backup pod.
+func TestJobPodsAreNoMembers(t *testing.T) {
+	kvc := cluster(3)
+	kvc.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backups"}}
+	kvc.Spec.Deregistration = &kvv1.DeregistrationSpec{HTTP: &kvv1.HTTPDeregistration{URL: "https://registry.example/x", Method: "POST"}}
+	members := labels.SelectorFromSet(SelectorLabels(kvc))
+	for name, job := range map[string]*batchv1ac.JobApplyConfiguration{
+		"scheduled backup": BackupJob(kvc, ScheduledBackupRun(kvc, "kv-1"), "op:1"),
+		"final backup":     BackupJob(kvc, FinalBackupRun(kvc, time.Now()), "op:1"),
+		"deregistration":   DeregistrationJob(kvc, "op:1", ""),
+	} {
+		if podLabels := job.Spec.Template.Labels; members.Matches(labels.Set(podLabels)) {
+			t.Errorf("the %s Job's pods %v are selected as members", name, podLabels)
+		}
+	}
+}
+
+// withoutInstance is a Job's labels as its pods carry them (see TestJobPodsAreNoMembers).
+func withoutInstance(l map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range l {
+		if k != "app.kubernetes.io/instance" {
+			out[k] = v
+		}
+	}
+	return out
 }

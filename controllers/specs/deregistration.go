@@ -50,7 +50,7 @@ func DeregistrationJob(kvc *kvv1.KVCluster, operatorImage string, guard types.UI
 			WithBackoffLimit(0).
 			WithActiveDeadlineSeconds(int64(d.TimeoutSeconds)).
 			WithTemplate(corev1ac.PodTemplateSpec().
-				WithLabels(labels).
+				WithLabels(JobPodLabels(labels)).
 				WithSpec(corev1ac.PodSpec().
 					WithRestartPolicy(corev1.RestartPolicyNever).
 					WithAutomountServiceAccountToken(false).

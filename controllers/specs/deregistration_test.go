@@ -73,7 +73,7 @@ func TestDeregistrationJob(t *testing.T) {
 			kvc.Spec.Deregistration = &tt.deregister
 			compareFacts(t, factsOf(t, DeregistrationJob(kvc, "op:1", tt.guard)), jobFacts{
 				Name: "kv-deregister", Namespace: "prod",
-				Labels: labels, PodLabels: labels,
+				Labels: labels, PodLabels: withoutInstance(labels),
 				Owners:   tt.wantOwners,
 				Deadline: tt.wantDeadline, Backoff: 0,
 				RestartPolicy: corev1.RestartPolicyNever, AutomountToken: false,

@@ -5,6 +5,7 @@ package specs
 
 import (
 	"fmt"
+	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -104,6 +105,16 @@ func Labels(kvc *kvv1.KVCluster) map[string]string {
 	l := SelectorLabels(kvc)
 	l[ManagedByLabel] = ManagedByValue
 	l[ClusterLabel] = kvc.Name
+	return l
+}
+
+// JobPodLabels are the labels of the pods of the cluster's Jobs (backups, deregistration): the
+// labels of the Job without the instance label, so that no member selector (the StatefulSet's,
+// the Services', the PodDisruptionBudget's) takes them for members. The disruption controller
+// would otherwise count them and, a Job having no scale subresource, allow no disruption at all.
+func JobPodLabels(jobLabels map[string]string) map[string]string {
+	l := maps.Clone(jobLabels)
+	delete(l, instanceLbl)
 	return l
 }
 
