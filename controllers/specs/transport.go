@@ -60,11 +60,6 @@ func (t Transport) clientSchemes() []string {
 	return s
 }
 
-// Overlaps: some client can reach members listening as t and as o alike.
-func (t Transport) Overlaps(o Transport) bool {
-	return (t.ClientTLS && o.ClientTLS) || (t.ClientPlain && o.ClientPlain)
-}
-
 // PodTransport is how a member pod (or a pod template) listens, read from its etcd container's
 // flags; false when it has no etcd container with them.
 func PodTransport(pod corev1.PodSpec) (Transport, bool) {
