@@ -3,7 +3,7 @@
 # cache outside the repository keyed by component and version, so every clone reuses them.
 #
 #   build.sh [component ...]     components: kubernetes kube-apiserver kubectl ... etcd-3.6.16
-#                                etcd-3.7.3 coredns versitygw envtest all (default: all)
+#                                etcd-3.7.3 coredns versitygw kube-router envtest all (default: all)
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
 # Versions come from versions.env. A binary is installed by an atomic rename only after it built,
@@ -20,6 +20,8 @@ export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 bindir() {
   case $1 in
+    # before kube-*: not a Kubernetes component
+    kube-router) echo "$cache/kube-router-$KUBE_ROUTER_VERSION/bin" ;;
     kubernetes | kube-*) echo "$cache/kubernetes-$KUBERNETES_VERSION/bin" ;;
     kubectl | kubelet) echo "$cache/kubernetes-$KUBERNETES_VERSION/bin" ;;
     etcd-*) echo "$cache/etcd-v${1#etcd-}/bin" ;;
@@ -117,7 +119,8 @@ build() {
       build envtest
       build_kube "${KUBE_COMMANDS[@]}"
       build coredns
-      build versitygw ;;
+      build versitygw
+      build kube-router ;;
     envtest)
       # KUBEBUILDER_ASSETS: one folder holding kube-apiserver and etcd (the newest one we build).
       build_kube kube-apiserver
@@ -127,6 +130,7 @@ build() {
       ln -sfn "$(bindir kube-apiserver)/kube-apiserver" "$assets/kube-apiserver"
       ln -sfn "$(bindir "etcd-${ETCD_VERSIONS[-1]}")/etcd" "$assets/etcd" ;;
     kubernetes) build_kube "${KUBE_COMMANDS[@]}" ;;
+    kube-router) build_install kube-router "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" ;;
     kube-* | kubectl | kubelet) build_kube "$1" ;;
     etcd-*) build_etcd "${1#etcd-}" ;;
     coredns) build_install coredns "github.com/coredns/coredns@$COREDNS_VERSION" ;;

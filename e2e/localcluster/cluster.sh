@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes cluster from source-built binaries, for machines without Docker:
 # control plane as local processes, containerd + kubelet running real pods, kube-proxy, CoreDNS,
-# and a dynamic volume provisioner.
+# a dynamic volume provisioner, and kube-router enforcing NetworkPolicies (firewall only).
 #
 #   cluster.sh up        start it (idempotent); kubeconfig at $KVC_CLUSTER_DIR/kubeconfig
 #   cluster.sh down      stop it and remove every process, mount, cgroup, iptables rule, bridge
@@ -68,14 +68,14 @@ check_prereqs() {
   [ "$(uname -s)" = Linux ] || die "needs Linux (this is $(uname -s))"
   [ "$(id -u)" = 0 ] || die "needs root: it runs containerd and the kubelet, and sets up bridges and iptables"
   local missing=()
-  for c in containerd runc ctr iptables ip openssl conntrack socat curl; do command -v "$c" >/dev/null || missing+=("$c"); done
+  for c in containerd runc ctr iptables ipset ip openssl conntrack socat curl; do command -v "$c" >/dev/null || missing+=("$c"); done
   [ -x /usr/lib/cni/bridge ] || missing+=(cni-plugins)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing Debian packages for: ${missing[*]}"
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them (Debian/Ubuntu expected)"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        containerd runc containernetworking-plugins iptables conntrack socat ethtool iproute2 openssl curl kmod; } >"$DIR.apt.log" 2>&1 ||
-      die "could not install packages (containerd runc containernetworking-plugins iptables conntrack socat iproute2 openssl curl); see $DIR.apt.log"
+        containerd runc containernetworking-plugins iptables ipset conntrack socat ethtool iproute2 openssl curl kmod; } >"$DIR.apt.log" 2>&1 ||
+      die "could not install packages (containerd runc containernetworking-plugins iptables ipset conntrack socat iproute2 openssl curl); see $DIR.apt.log"
   fi
   [ -d "$CGROUP_ROOT" ] || die "no $CGROUP_ROOT"
   if [ "$(cgroup_version)" = 2 ]; then
@@ -172,6 +172,11 @@ remove_kube_chains() {
 
 network_down() {
   remove_kube_chains
+  # kube-router's address sets, once no rule refers to them (its own --cleanup-config needs IPVS).
+  if command -v ipset >/dev/null; then
+    local set
+    for set in $(ipset list -n 2>/dev/null | sed -n '/^KUBE-/p'); do ipset destroy "$set" 2>/dev/null || true; done
+  fi
   while iptables -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
   while iptables -D OUTPUT -j "$CHAIN-OUT" 2>/dev/null; do :; done
   for c in "$CHAIN" "$CHAIN-OUT"; do iptables -F "$c" 2>/dev/null || true; iptables -X "$c" 2>/dev/null || true; done
@@ -467,10 +472,18 @@ reclaimPolicy: Delete
 volumeBindingMode: Immediate
 EOF
   wait_for "the default service account" 60 kubectl get serviceaccount default -n default
+
+  # NetworkPolicies are enforced by kube-router's firewall alone (the bridge plugin routes); it
+  # watches pods, namespaces and policies with the admin's credentials (a test cluster) and lets
+  # the node itself through, so the kubelet's probes and port-forwards keep working.
+  start kube-router "$("$here/build.sh" --print-dir kube-router)/kube-router" --kubeconfig="$DIR/kubeconfig" \
+    --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+    --hostname-override="$NODE" --health-port=20244 --metrics-port=0
+  wait_proc kube-router 60 healthz http://127.0.0.1:20244/healthz
 }
 
 # The cluster's host processes, in start order.
-PROCS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy coredns provisioner)
+PROCS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy coredns provisioner kube-router)
 
 dead_procs() { local p; for p in "${PROCS[@]}"; do alive "$p" || echo "$p"; done; }
 
@@ -498,7 +511,7 @@ up() {
     fi
   fi
   local t=$SECONDS
-  "$here/build.sh" envtest kubernetes coredns
+  "$here/build.sh" envtest kubernetes coredns kube-router
   mkdir -p "$DIR"
   network_up
   pki
@@ -514,7 +527,7 @@ up() {
 down() {
   [ "$(id -u)" = 0 ] || die "needs root"
   [ -d "$DIR" ] || [ -d "$RUN" ] || { network_down; return 0; }
-  for p in provisioner coredns kube-proxy kubelet; do stop $p; done
+  for p in kube-router provisioner coredns kube-proxy kubelet; do stop $p; done
   # Kill every container process: the pod cgroups list them, the shims are ours by their socket.
   pod_processes | xargs -r kill -9 2>/dev/null || true
   pgrep -f "containerd-shim.*-address $CONTAINERD_SOCK" | xargs -r kill -9 2>/dev/null || true
