@@ -9,6 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
 	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -153,6 +155,9 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 		policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return err
 	}
+	if err := r.applyNetworkPolicy(ctx, kvc, guard); err != nil {
+		return err
+	}
 	if err := applyOwned(ctx, r.Client, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
 		specs.MembershipConfigMap(kvc, ch.Membership, guard), corev1ac.ExtractConfigMap); err != nil {
 		return err
@@ -165,6 +170,33 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	if !wantGuard {
 		return r.deleteGuard(ctx, kvc.Namespace, kvc.Name, kvc.UID)
 	}
+	return nil
+}
+
+// applyNetworkPolicy keeps the cluster's NetworkPolicy (spec.networkPolicy mode Managed), or
+// deletes the one it made once the spec no longer wants it. A policy of the same name that is
+// someone else's is never touched.
+func (r *KVClusterReconciler) applyNetworkPolicy(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID) error {
+	key := client.ObjectKey{Namespace: kvc.Namespace, Name: specs.NetworkPolicyName(kvc)}
+	if specs.WantsNetworkPolicy(kvc) {
+		return applyOwned(ctx, r.Client, kvc, key, &networkingv1.NetworkPolicy{}, specs.NetworkPolicy(kvc, r.Operator, guard),
+			networkingv1ac.ExtractNetworkPolicy)
+	}
+	var np networkingv1.NetworkPolicy
+	switch err := r.Client.Get(ctx, key, &np); {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	}
+	if !controlledBy(&np, kvc) || np.DeletionTimestamp != nil {
+		return nil
+	}
+	if err := ignoreGone(r.Client.Delete(ctx, &np, client.Preconditions{UID: &np.UID})); err != nil {
+		return fmt.Errorf("delete NetworkPolicy %s: %w", key, err)
+	}
+	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventNetworkPolicyDeleted, "DeleteNetworkPolicy",
+		"deleted NetworkPolicy %s: spec.networkPolicy no longer asks for it, so the members admit any traffic the cluster's network allows", key.Name)
 	return nil
 }
 

@@ -17,37 +17,40 @@ import (
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
 
-// bindTLSByDefault installs deploy/admission's policy, bound to namespace ns alone (the other
-// tests keep their clusters as they create them), and waits until the API server applies it.
-func bindTLSByDefault(t *testing.T, h *harness, ns string) {
+// bindSecureDefaults installs deploy/admission's policies, bound to namespace ns alone (the other
+// tests keep their clusters as they create them), and waits until the API server applies them.
+func bindSecureDefaults(t *testing.T, h *harness, ns string) {
 	t.Helper()
 	ctx := context.Background()
-	raw, err := os.ReadFile(filepath.Join("..", "deploy", "admission", "tls-by-default.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs := strings.Split(string(raw), "\n---\n")
-	var policy admissionregistrationv1.MutatingAdmissionPolicy
-	var binding admissionregistrationv1.MutatingAdmissionPolicyBinding
-	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &policy) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &binding) != nil {
-		t.Fatalf("deploy/admission/tls-by-default.yaml is not one policy and its binding")
-	}
-	policy.Name += "-" + ns
-	binding.Name, binding.Spec.PolicyName = binding.Name+"-"+ns, policy.Name
-	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{
-		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}
-	for _, obj := range []client.Object{&policy, &binding} {
-		if err := h.client.Create(ctx, obj); err != nil {
+	for _, file := range []string{"tls-by-default.yaml", "network-policy-by-default.yaml"} {
+		raw, err := os.ReadFile(filepath.Join("..", "deploy", "admission", file))
+		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = h.client.Delete(ctx, obj) })
+		docs := strings.Split(string(raw), "\n---\n")
+		var policy admissionregistrationv1.MutatingAdmissionPolicy
+		var binding admissionregistrationv1.MutatingAdmissionPolicyBinding
+		if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &policy) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &binding) != nil {
+			t.Fatalf("deploy/admission/%s is not one policy and its binding", file)
+		}
+		policy.Name += "-" + ns
+		binding.Name, binding.Spec.PolicyName = binding.Name+"-"+ns, policy.Name
+		binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}
+		for _, obj := range []client.Object{&policy, &binding} {
+			if err := h.client.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = h.client.Delete(ctx, obj) })
+		}
 	}
 	// A new policy takes effect within seconds; until the API server has compiled it against the
 	// CRD's schema, a create may also be refused.
+	var err error
 	for range 60 {
 		probe := newKVCluster(ns, "probe", 1)
 		if err = h.client.Create(ctx, probe); err == nil {
-			defaulted := probe.Spec.TLS != nil
+			defaulted := probe.Spec.TLS != nil && probe.Spec.NetworkPolicy != nil
 			if err := h.client.Delete(ctx, probe); err != nil {
 				t.Fatal(err)
 			}
@@ -57,42 +60,52 @@ func bindTLSByDefault(t *testing.T, h *harness, ns string) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	t.Fatalf("the TLS-by-default policy never took effect (last: %v)", err)
+	t.Fatalf("the secure-by-default policies never took effect (last: %v)", err)
 }
 
-// TestNewClustersGetTLSByDefault: with the policy deploy/default installs, a KVCluster created
-// without spec.tls gets mutual TLS from the operator; one that says otherwise keeps what it says;
-// one created before keeps plaintext; and a GitOps tool re-applying a manifest without spec.tls
-// neither removes it nor is refused.
-func TestNewClustersGetTLSByDefault(t *testing.T) {
+// TestNewClustersAreSecureByDefault: with the policies deploy/default installs, a KVCluster
+// created without spec.tls gets mutual TLS from the operator, and one without spec.networkPolicy
+// gets a managed NetworkPolicy; one that says otherwise keeps what it says; one created before
+// keeps plaintext and no policy; and a GitOps tool re-applying a manifest without them neither
+// removes them nor is refused.
+func TestNewClustersAreSecureByDefault(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	ns := h.namespace("tlsdefault")
+	ns := h.namespace("securedefault")
 	before := newKVCluster(ns, "before", 1)
 	h.create(before)
-	bindTLSByDefault(t, h, ns)
+	bindSecureDefaults(t, h, ns)
 
-	modeOf := func(name string) kvv1.TLSMode {
+	// modesOf says "<tls mode>/<network policy mode>", "" for an unset one.
+	modesOf := func(name string) string {
 		t.Helper()
 		got := &kvv1.KVCluster{}
 		h.get(got, ns, name)
-		if got.Spec.TLS == nil {
-			return ""
+		var tls, np string
+		if got.Spec.TLS != nil {
+			tls = string(got.Spec.TLS.Mode)
 		}
-		return got.Spec.TLS.Mode
+		if got.Spec.NetworkPolicy != nil {
+			np = string(got.Spec.NetworkPolicy.Mode)
+		}
+		return tls + "/" + np
 	}
-	for name, tls := range map[string]*kvv1.TLSSpec{
-		"unset":    nil,
-		"disabled": {Mode: kvv1.TLSDisabled},
-		"secrets":  {Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c"}},
+	for name, set := range map[string]func(*kvv1.KVCluster){
+		"unset": func(*kvv1.KVCluster) {},
+		"disabled": func(k *kvv1.KVCluster) {
+			k.Spec.TLS, k.Spec.NetworkPolicy = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled}, &kvv1.NetworkPolicySpec{Mode: kvv1.NetworkPolicyDisabled}
+		},
+		"secrets": func(k *kvv1.KVCluster) {
+			k.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c"}}
+		},
 	} {
 		kvc := newKVCluster(ns, name, 1)
-		kvc.Spec.TLS = tls
+		set(kvc)
 		h.create(kvc)
 	}
-	for name, want := range map[string]kvv1.TLSMode{"unset": kvv1.TLSOperator, "disabled": kvv1.TLSDisabled, "secrets": kvv1.TLSSecrets} {
-		if got := modeOf(name); got != want {
-			t.Errorf("created with tls %s: mode %q, want %q", name, got, want)
+	for name, want := range map[string]string{"unset": "Operator/Managed", "disabled": "Disabled/Disabled", "secrets": "Secrets/Managed"} {
+		if got := modesOf(name); got != want {
+			t.Errorf("created %s: tls/networkPolicy modes %q, want %q", name, got, want)
 		}
 	}
 
@@ -101,32 +114,33 @@ func TestNewClustersGetTLSByDefault(t *testing.T) {
 	if err := h.client.Update(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if got := modeOf("before"); got != "" {
-		t.Errorf("a cluster created before the policy was given mode %q on an update; want it left plaintext", got)
+	if got := modesOf("before"); got != "/" {
+		t.Errorf("a cluster created before the policies was given modes %q on an update; want both left unset", got)
 	}
 
-	apply := func(manager string, tls *kvv1ac.TLSSpecApplyConfiguration) error {
+	apply := func(manager string, stated bool) error {
 		spec := kvv1ac.KVClusterSpec().WithVersion("3.7.3").WithPartitions(1)
-		if tls != nil {
-			spec.WithTLS(tls)
+		if stated {
+			spec.WithTLS(kvv1ac.TLSSpec().WithMode(kvv1.TLSOperator)).
+				WithNetworkPolicy(kvv1ac.NetworkPolicySpec().WithMode(kvv1.NetworkPolicyManaged))
 		}
 		return h.client.Apply(ctx, kvv1ac.KVCluster("gitops", ns).WithSpec(spec), client.FieldOwner(manager))
 	}
 	for i := range 2 {
-		if err := apply("flux", nil); err != nil {
-			t.Fatalf("apply %d without spec.tls: %v", i+1, err)
+		if err := apply("flux", false); err != nil {
+			t.Fatalf("apply %d without spec.tls and spec.networkPolicy: %v", i+1, err)
 		}
-		if got := modeOf("gitops"); got != kvv1.TLSOperator {
-			t.Errorf("after apply %d without spec.tls: mode %q, want Operator", i+1, got)
+		if got := modesOf("gitops"); got != "Operator/Managed" {
+			t.Errorf("after apply %d without spec.tls and spec.networkPolicy: modes %q, want Operator/Managed", i+1, got)
 		}
 	}
-	if err := apply("argocd", kvv1ac.TLSSpec().WithMode(kvv1.TLSOperator)); err != nil {
+	if err := apply("argocd", true); err != nil {
 		t.Fatal(err)
 	}
-	if err := apply("argocd", nil); err != nil {
-		t.Errorf("a manager that stopped stating spec.tls is refused: %v", err)
+	if err := apply("argocd", false); err != nil {
+		t.Errorf("a manager that stopped stating spec.tls and spec.networkPolicy is refused: %v", err)
 	}
-	if got := modeOf("gitops"); got != kvv1.TLSOperator {
-		t.Errorf("a manager that stopped stating spec.tls turned it to %q", got)
+	if got := modesOf("gitops"); got != "Operator/Managed" {
+		t.Errorf("a manager that stopped stating spec.tls and spec.networkPolicy turned them to %q", got)
 	}
 }

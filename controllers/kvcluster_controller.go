@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -42,6 +43,8 @@ type KVClusterReconciler struct {
 	EtcdRepository string
 	// BackupImage is the operator's own image, which backup Jobs run.
 	BackupImage string
+	// Operator is where the operator's own pods run: every cluster's NetworkPolicy admits them.
+	Operator specs.OperatorPods
 	// Workers is how many clusters are reconciled at once (one cluster is never reconciled twice
 	// at once): a cluster whose members answer slowly, or not at all, must not hold up the others.
 	Workers int
@@ -55,6 +58,7 @@ func CacheOptions() cache.Options {
 		&appsv1.StatefulSet{}:           owned,
 		&corev1.Service{}:               owned,
 		&policyv1.PodDisruptionBudget{}: owned,
+		&networkingv1.NetworkPolicy{}:   owned,
 		&batchv1.Job{}:                  owned,
 		&corev1.Pod{}:                   owned,
 		// Members' claims carry the labels of the StatefulSet's claim template.
@@ -78,6 +82,7 @@ func CacheOptions() cache.Options {
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // The cluster's TLS Secrets (the cache holds only the operator's own; a Secret a KVCluster names
 // is read by name).
@@ -128,6 +133,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
+		Owns(&networkingv1.NetworkPolicy{}).
 		Owns(&corev1.ConfigMap{}).
 		Owns(&batchv1.Job{}).
 		Owns(&corev1.Secret{}).

@@ -13,6 +13,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -328,6 +329,16 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		{"cron word", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "daily" }, "exactly 5 fields"},
 		{"@every has no slots", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "@every 5m" }, "@every are not accepted"},
 		{"tiny volume", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("10Mi") }, "at least 64Mi"},
+		{"unknown network policy mode", func(k *kvv1.KVCluster) { k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: "Off"} }, "spec.networkPolicy.mode"},
+		{"clients named with the network policy disabled", func(k *kvv1.KVCluster) {
+			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: kvv1.NetworkPolicyDisabled,
+				ClientsFrom: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}}}
+		}, "clientsFrom and metricsFrom need mode Managed"},
+		{"clients and scrapers named", func(k *kvv1.KVCluster) {
+			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{
+				ClientsFrom: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "shop"}}}},
+				MetricsFrom: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}}}}
+		}, ""},
 		{"bad storage class", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "Fast_SSD" }, "storageClassName"},
 		{"bad repository", func(k *kvv1.KVCluster) { k.Spec.Repository = "My Registry/etcd" }, "spec.repository"},
 		{"deadline too short", func(k *kvv1.KVCluster) { k.Spec.ProgressDeadlineSeconds = 5 }, "greater than or equal to 30"},

@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -248,15 +249,19 @@ func (r *KVClusterReconciler) jobReport(ctx context.Context, job *batchv1.Job, f
 // stsForeign says the StatefulSet is among them: what answers at the members' names is then
 // someone else's, and is never backed up.
 func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVCluster) (foreign []string, stsForeign bool, err error) {
-	children := []struct {
+	type child struct {
 		kind, name string
 		obj        client.Object
-	}{
+	}
+	children := []child{
 		{"Service", specs.PeerServiceName(kvc), &corev1.Service{}},
 		{"Service", specs.ClientServiceName(kvc), &corev1.Service{}},
 		{"PodDisruptionBudget", kvc.Name, &policyv1.PodDisruptionBudget{}},
 		{"ConfigMap", specs.MembershipConfigMapName(kvc), &corev1.ConfigMap{}},
 		{"StatefulSet", kvc.Name, &appsv1.StatefulSet{}},
+	}
+	if specs.WantsNetworkPolicy(kvc) { // else a policy of that name may well be the user's own
+		children = append(children, child{"NetworkPolicy", specs.NetworkPolicyName(kvc), &networkingv1.NetworkPolicy{}})
 	}
 	var guard corev1.ConfigMap // owned by no one on purpose: it names its cluster by UID
 	// Only the cache is asked: a guard always carries the operator's labels.

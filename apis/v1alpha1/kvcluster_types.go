@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -67,6 +68,17 @@ type KVClusterSpec struct {
 	//
 	// +optional
 	TLS *TLSSpec `json:"tls,omitempty"`
+
+	// NetworkPolicy makes the operator keep a NetworkPolicy (named after the cluster) admitting to
+	// the members only what they need: the peer port from the other members; the client port from
+	// the members, the cluster's own Jobs, the operator and the clients you select; the metrics
+	// port from the members, the cluster's Jobs, the operator and the scrapers you select. Unset:
+	// no NetworkPolicy, so clusters created before it keep every client; the admission policy
+	// deploy/default installs gives new clusters mode Managed. It needs a network plugin that
+	// enforces NetworkPolicies.
+	//
+	// +optional
+	NetworkPolicy *NetworkPolicySpec `json:"networkPolicy,omitempty"`
 
 	// Deregistration runs once on deletion, after the final backup and before the cluster goes,
 	// e.g. to remove it from a service registry. Its failure follows backup.onFinalBackupFailure
@@ -160,6 +172,49 @@ const (
 	PlaintextClientsRefuse PlaintextClients = "Refuse"
 	PlaintextClientsAccept PlaintextClients = "Accept"
 )
+
+// NetworkPolicyMode says whether the operator keeps a NetworkPolicy for the cluster.
+//
+// +kubebuilder:validation:Enum=Managed;Disabled
+type NetworkPolicyMode string
+
+const (
+	// NetworkPolicyManaged: the operator keeps the cluster's NetworkPolicy.
+	NetworkPolicyManaged NetworkPolicyMode = "Managed"
+	// NetworkPolicyDisabled: none (for instance, you bring your own); one the operator made is
+	// deleted.
+	NetworkPolicyDisabled NetworkPolicyMode = "Disabled"
+)
+
+// NetworkPolicySpec says who may reach the members, besides the members themselves, the cluster's
+// own Jobs and the operator, which are always admitted.
+//
+// +kubebuilder:validation:XValidation:rule="self.mode == 'Managed' || (!has(self.clientsFrom) && !has(self.metricsFrom))",message="clientsFrom and metricsFrom need mode Managed"
+type NetworkPolicySpec struct {
+	// Mode is Managed (the default) or Disabled.
+	//
+	// +optional
+	// +kubebuilder:default=Managed
+	Mode NetworkPolicyMode `json:"mode,omitempty"`
+
+	// ClientsFrom are the pods (by pod and namespace selector, or address block) that may connect
+	// to the client port (2379), as in a NetworkPolicy's ingress rule. Empty: every pod in the
+	// KVCluster's namespace. With TLS, a client also needs a certificate of the cluster's CA.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	ClientsFrom []networkingv1.NetworkPolicyPeer `json:"clientsFrom,omitempty"`
+
+	// MetricsFrom are the pods that may read the metrics port (2381: /metrics, /health, /livez),
+	// e.g. your Prometheus's namespace: [{namespaceSelector: {matchLabels:
+	// {kubernetes.io/metadata.name: monitoring}}}]. Empty: every pod in the KVCluster's namespace.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	MetricsFrom []networkingv1.NetworkPolicyPeer `json:"metricsFrom,omitempty"`
+}
 
 // TLSSecretNames are the names of the Secrets of mode Secrets, in the KVCluster's namespace.
 type TLSSecretNames struct {

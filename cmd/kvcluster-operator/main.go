@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
@@ -40,6 +41,8 @@ func main() {
 		etcdRepository = flag.String("etcd-repository", specs.DefaultEtcdRepository, "etcd image repository for KVClusters that do not set spec.repository (e.g. a mirror)")
 		etcdTimeout    = flag.Duration("etcd-timeout", 5*time.Second, "bound of one query of an etcd cluster's members")
 		backupImage    = flag.String("backup-image", os.Getenv("OPERATOR_IMAGE"), "the operator's own image, which backup Jobs run (default: $OPERATOR_IMAGE)")
+		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE; empty when the operator runs outside the cluster)")
+		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
 		workers        = flag.Int("max-concurrent-reconciles", 8, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others")
 	)
 	opts := zap.Options{Development: false}
@@ -66,6 +69,11 @@ func main() {
 		log.Error(err, "cannot create the manager")
 		os.Exit(1)
 	}
+	podLabels, err := labels.ConvertSelectorToLabelsMap(*operatorLabels)
+	if err != nil {
+		log.Error(err, "--operator-pod-labels must be k=v[,k=v...]")
+		os.Exit(1)
+	}
 	r := &controllers.KVClusterReconciler{
 		Client:         mgr.GetClient(),
 		APIReader:      mgr.GetAPIReader(),
@@ -75,6 +83,10 @@ func main() {
 		EtcdRepository: *etcdRepository,
 		BackupImage:    *backupImage,
 		Workers:        *workers,
+		Operator:       specs.OperatorPods{Namespace: *operatorNS, Labels: podLabels},
+	}
+	if r.Operator.Namespace == "" {
+		log.Info("no --operator-namespace (POD_NAMESPACE): clusters' NetworkPolicies name no operator pods, as for an operator outside the cluster")
 	}
 	if r.BackupImage == "" {
 		log.Error(nil, "--backup-image (or OPERATOR_IMAGE) is required: backup Jobs run the operator's own image")

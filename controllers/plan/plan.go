@@ -114,20 +114,31 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
 	p.Status = st
-	p.Events = append(append(phaseEvents(kvc, v), events...), tlsUnset(kvc)...)
+	p.Events = append(append(phaseEvents(kvc, v), events...), secureDefaultsUnset(kvc)...)
 	return p
 }
 
-// tlsUnset warns, on a new cluster's first reconcile, that it is plaintext because spec.tls is
-// unset: the admission policy of deploy/default gives new clusters TLS, so it was not installed
-// or not in effect yet when this one was created.
-func tlsUnset(kvc *kvv1.KVCluster) []Event {
-	if kvc.Spec.TLS != nil || kvc.Status.Phase != "" {
+// secureDefaultsUnset warns, on a new cluster's first reconcile, that it is plaintext because
+// spec.tls is unset, or open to every pod because spec.networkPolicy is: the admission policies of
+// deploy/default give new clusters both, so they were not installed or not in effect yet when
+// this one was created.
+func secureDefaultsUnset(kvc *kvv1.KVCluster) []Event {
+	if kvc.Status.Phase != "" {
 		return nil
 	}
-	return []Event{{Type: corev1.EventTypeWarning, Reason: EventTLSUnset, Action: "CheckTLS", Message: "spec.tls is unset, so the cluster is " +
-		"plaintext: the admission policy deploy/default installs gives new clusters tls.mode Operator, and was not installed or not " +
-		"in effect yet when this one was created. Set spec.tls.mode: Operator to move it to TLS, or Disabled to say plaintext is meant"}}
+	var events []Event
+	if kvc.Spec.TLS == nil {
+		events = append(events, Event{Type: corev1.EventTypeWarning, Reason: EventTLSUnset, Action: "CheckTLS", Message: "spec.tls is unset, so the cluster is " +
+			"plaintext: the admission policy deploy/default installs gives new clusters tls.mode Operator, and was not installed or not " +
+			"in effect yet when this one was created. Set spec.tls.mode: Operator to move it to TLS, or Disabled to say plaintext is meant"})
+	}
+	if kvc.Spec.NetworkPolicy == nil {
+		events = append(events, Event{Type: corev1.EventTypeWarning, Reason: EventNetworkPolicyUnset, Action: "CheckNetworkPolicy", Message: "spec.networkPolicy " +
+			"is unset, so the cluster has no NetworkPolicy and any pod may reach its members: the admission policy deploy/default installs " +
+			"gives new clusters networkPolicy.mode Managed, and was not installed or not in effect yet when this one was created. " +
+			"Set spec.networkPolicy.mode: Managed to get one, or Disabled to say none is meant"})
+	}
+	return events
 }
 
 // FinalizerChange says whether the deletion finalizer must be added (want true) or removed (want

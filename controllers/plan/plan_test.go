@@ -121,24 +121,33 @@ func TestMake(t *testing.T) {
 	}
 }
 
-// TestANewClusterWithoutTLSIsWarnedAbout: a new cluster that reached the operator without
-// spec.tls (the TLS-by-default policy missing, or not in effect yet) gets one Warning; one that
-// states its mode, or has run before, gets none.
-func TestANewClusterWithoutTLSIsWarnedAbout(t *testing.T) {
+// TestANewClusterWithoutSecureDefaultsIsWarnedAbout: a new cluster created without spec.tls or
+// spec.networkPolicy (the secure-by-default policies missing, or not in effect yet) gets one
+// Warning for each; one that states them, or has run before, gets none.
+func TestANewClusterWithoutSecureDefaultsIsWarnedAbout(t *testing.T) {
 	stated := kvcIn("", 0)
 	stated.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled}
+	stated.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: kvv1.NetworkPolicyDisabled}
+	tlsOnly := kvcIn("", 0)
+	tlsOnly.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
 	for name, tt := range map[string]struct {
 		kvc  *kvv1.KVCluster
-		want bool
+		want []string
 	}{
-		"new, tls unset":        {kvcIn("", 0), true},
-		"new, plaintext stated": {stated, false},
-		"running, tls unset":    {kvcIn(kvv1.PhaseReady, 0), false},
+		"new, both unset":           {kvcIn("", 0), []string{EventTLSUnset, EventNetworkPolicyUnset}},
+		"new, network policy unset": {tlsOnly, []string{EventNetworkPolicyUnset}},
+		"new, both stated":          {stated, nil},
+		"running, both unset":       {kvcIn(kvv1.PhaseReady, 0), nil},
 	} {
 		t.Run(name, func(t *testing.T) {
-			warned := slices.ContainsFunc(Make(tt.kvc, Observation{}, t0, Config{}).Events, func(e Event) bool { return e.Reason == EventTLSUnset && e.Type == "Warning" })
-			if warned != tt.want {
-				t.Errorf("warned %t, want %t", warned, tt.want)
+			var warned []string
+			for _, e := range Make(tt.kvc, Observation{}, t0, Config{}).Events {
+				if e.Type == "Warning" && (e.Reason == EventTLSUnset || e.Reason == EventNetworkPolicyUnset) {
+					warned = append(warned, e.Reason)
+				}
+			}
+			if !slices.Equal(warned, tt.want) {
+				t.Errorf("warned %v, want %v", warned, tt.want)
 			}
 		})
 	}

@@ -56,6 +56,8 @@ const (
 	EventCertificateIssued      = "CertificateIssued"
 	EventCARotated              = "CARotated"
 	EventTLSUnset               = "TLSUnset"
+	EventNetworkPolicyUnset     = "NetworkPolicyUnset"
+	EventNetworkPolicyDeleted   = "NetworkPolicyDeleted"
 
 	// The deletion steps.
 	EventDrainStarted            = "DrainStarted"

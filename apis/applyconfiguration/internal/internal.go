@@ -238,6 +238,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: deregistration
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeregistrationSpec
+    - name: networkPolicy
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.NetworkPolicySpec
     - name: partitions
       type:
         scalar: numeric
@@ -353,6 +356,27 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: volumeUID
       type:
         scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.NetworkPolicyMode
+  scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.NetworkPolicySpec
+  map:
+    fields:
+    - name: clientsFrom
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.api.networking.v1.NetworkPolicyPeer
+          elementRelationship: atomic
+    - name: metricsFrom
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.api.networking.v1.NetworkPolicyPeer
+          elementRelationship: atomic
+    - name: mode
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.NetworkPolicyMode
+      default: Managed
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.PVCDestination
   map:
     fields:
@@ -484,6 +508,30 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: boolean
     elementRelationship: atomic
+- name: io.k8s.api.networking.v1.IPBlock
+  map:
+    fields:
+    - name: cidr
+      type:
+        scalar: string
+    - name: except
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
+- name: io.k8s.api.networking.v1.NetworkPolicyPeer
+  map:
+    fields:
+    - name: ipBlock
+      type:
+        namedType: io.k8s.api.networking.v1.IPBlock
+    - name: namespaceSelector
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector
+    - name: podSelector
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector
 - name: io.k8s.apimachinery.pkg.api.resource.Quantity
   scalar: untyped
   list:
@@ -531,6 +579,38 @@ var schemaYAML = typed.YAMLObject(`types:
         elementType:
           namedType: __untyped_deduced_
         elementRelationship: separable
+- name: io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector
+  map:
+    fields:
+    - name: matchExpressions
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement
+          elementRelationship: atomic
+    - name: matchLabels
+      type:
+        map:
+          elementType:
+            scalar: string
+    elementRelationship: atomic
+- name: io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorOperator
+  scalar: string
+- name: io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement
+  map:
+    fields:
+    - name: key
+      type:
+        scalar: string
+    - name: operator
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorOperator
+    - name: values
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
 - name: io.k8s.apimachinery.pkg.apis.meta.v1.ManagedFieldsEntry
   map:
     fields:

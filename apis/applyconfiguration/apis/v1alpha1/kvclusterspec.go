@@ -40,6 +40,14 @@ type KVClusterSpecApplyConfiguration struct {
 	// authenticate each other. Unset: plaintext to the operator, but the admission policy that
 	// deploy/default installs gives new clusters mode Operator. Only plaintext → TLS may change.
 	TLS *TLSSpecApplyConfiguration `json:"tls,omitempty"`
+	// NetworkPolicy makes the operator keep a NetworkPolicy (named after the cluster) admitting to
+	// the members only what they need: the peer port from the other members; the client port from
+	// the members, the cluster's own Jobs, the operator and the clients you select; the metrics
+	// port from the members, the cluster's Jobs, the operator and the scrapers you select. Unset:
+	// no NetworkPolicy, so clusters created before it keep every client; the admission policy
+	// deploy/default installs gives new clusters mode Managed. It needs a network plugin that
+	// enforces NetworkPolicies.
+	NetworkPolicy *NetworkPolicySpecApplyConfiguration `json:"networkPolicy,omitempty"`
 	// Deregistration runs once on deletion, after the final backup and before the cluster goes,
 	// e.g. to remove it from a service registry. Its failure follows backup.onFinalBackupFailure
 	// (default: proceed with a Warning event).
@@ -108,6 +116,14 @@ func (b *KVClusterSpecApplyConfiguration) WithRestore(value *RestoreSpecApplyCon
 // If called multiple times, the TLS field is set to the value of the last call.
 func (b *KVClusterSpecApplyConfiguration) WithTLS(value *TLSSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
 	b.TLS = value
+	return b
+}
+
+// WithNetworkPolicy sets the NetworkPolicy field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the NetworkPolicy field is set to the value of the last call.
+func (b *KVClusterSpecApplyConfiguration) WithNetworkPolicy(value *NetworkPolicySpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
+	b.NetworkPolicy = value
 	return b
 }
 
