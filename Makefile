@@ -53,7 +53,7 @@ tools: ## build (or reuse from the cache) every pinned binary the tests need
 
 .PHONY: tools-test
 tools-test: ## build (or reuse) what 'make test' needs
-	$(BUILD_TOOLS) envtest kubernetes coredns versitygw
+	$(BUILD_TOOLS) envtest kubernetes coredns versitygw kube-router
 
 .PHONY: envtest-assets
 envtest-assets:
@@ -80,8 +80,8 @@ run: ## the main job: the operator managing a sample 3-member KVCluster, on the 
 	@export KUBECONFIG=$${KUBECONFIG:-$(LOCAL_KUBECONFIG)}; \
 	  $(KUBECTL) apply --server-side --force-conflicts -k deploy/default && \
 	  $(KUBECTL) -n kvcluster-system rollout status deploy/kvcluster-operator --timeout=3m && \
-	  for i in $$(seq 30); do [ "$$($(KUBECTL) create --dry-run=server -o jsonpath='{.spec.tls.mode}' -n default \
-	    -f deploy/samples/kvcluster.yaml 2>/dev/null)" = Operator ] && break; sleep 2; done && \
+	  for i in $$(seq 30); do [ "$$($(KUBECTL) create --dry-run=server -o jsonpath='{.spec.tls.mode}/{.spec.networkPolicy.mode}' -n default \
+	    -f deploy/samples/kvcluster.yaml 2>/dev/null)" = Operator/Managed ] && break; sleep 2; done && \
 	  $(KUBECTL) apply -n default -f deploy/samples/kvcluster.yaml && \
 	  $(KUBECTL) wait -n default --for=condition=Ready kvc/sample --timeout=5m && \
 	  $(KUBECTL) get -n default kvc,statefulsets,pods,pvc -o wide && \

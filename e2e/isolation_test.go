@@ -34,36 +34,13 @@ func TestLocalClusterPodsCannotLeaveTheMachine(t *testing.T) {
 		args = append(args, "-dial="+a)
 	}
 	args = append(args, "-resolve=example.com", "-resolve=kubernetes.io")
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "netcheck", Namespace: "default"},
-		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{
-				Name: "netcheck", Image: "kvcluster.io/netcheck:dev", ImagePullPolicy: corev1.PullNever, Args: args,
-			}},
-		},
-	}
 	f := features.New("isolation").
 		Assess("a pod reaches the API server but nothing outside the machine", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			r := cfg.Client().Resources()
-			_ = r.Delete(ctx, pod)
-			_ = wait.For(conditions.New(r).ResourceDeleted(pod), wait.WithTimeout(time.Minute))
-			if err := r.Create(ctx, pod); err != nil {
-				t.Fatal(err)
-			}
-			err := wait.For(conditions.New(r).ResourceMatch(pod, func(o k8s.Object) bool {
-				p := o.(*corev1.Pod)
-				return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-			}), wait.WithTimeout(2*time.Minute), wait.WithInterval(time.Second))
-			logs, _ := kubectl(cfg, "-n", "default", "logs", "netcheck")
+			logs, held := netcheck(ctx, t, cfg, "default", "netcheck", nil, args...)
 			t.Logf("netcheck (targets %v):\n%s", targets, logs)
-			if err != nil {
-				t.Fatalf("netcheck did not finish: %v", err)
+			if !held {
+				t.Fatal("isolation broken or probe failed")
 			}
-			if pod.Status.Phase != corev1.PodSucceeded {
-				t.Fatalf("isolation broken or probe failed: pod %s", pod.Status.Phase)
-			}
-			_ = r.Delete(ctx, pod)
 			return ctx
 		}).Feature()
 	testenv.Test(t, f)
@@ -95,4 +72,36 @@ func outsideTargets(t *testing.T) []string {
 		}
 	}
 	return targets
+}
+
+// netcheck runs the netcheck program (e2e/localcluster/netcheck) in a new pod of namespace ns
+// with these labels and arguments, waits until it finished, and returns its output and whether
+// every check held. The pod is deleted afterwards.
+func netcheck(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, name string, podLabels map[string]string, args ...string) (string, bool) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: podLabels},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "netcheck", Image: "kvcluster.io/netcheck:dev", ImagePullPolicy: corev1.PullNever, Args: args,
+			}},
+		},
+	}
+	r := cfg.Client().Resources()
+	_ = r.Delete(ctx, pod)
+	_ = wait.For(conditions.New(r).ResourceDeleted(pod), wait.WithTimeout(time.Minute))
+	if err := r.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.For(conditions.New(r).ResourceMatch(pod, func(o k8s.Object) bool {
+		p := o.(*corev1.Pod)
+		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	}), wait.WithTimeout(2*time.Minute), wait.WithInterval(time.Second))
+	if err != nil {
+		t.Fatalf("netcheck pod %s/%s did not finish: %v", ns, name, err)
+	}
+	logs, _ := kubectl(cfg, "-n", ns, "logs", name)
+	_ = r.Delete(ctx, pod)
+	return logs, pod.Status.Phase == corev1.PodSucceeded
 }

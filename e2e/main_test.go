@@ -71,7 +71,7 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m))
 }
 
-// deployOperator applies deploy/default (CRD, TLS-by-default admission policy, RBAC, manager) and
+// deployOperator applies deploy/default (CRD, secure-by-default admission policies, RBAC, manager) and
 // waits for the manager to be Available.
 func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, error) {
 	out, err := kubectl(cfg, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join("..", "deploy", "default"))
@@ -87,15 +87,16 @@ func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, 
 		return ctx, fmt.Errorf("the operator did not become Available: %v\n%s", err, logs)
 	}
 	// The API server applies a new admission policy a few seconds after it is created, and until
-	// then refuses KVClusters ("Resource kind ... not found"): wait until it gives one TLS.
+	// then refuses KVClusters ("Resource kind ... not found"): wait until they give one TLS and a
+	// NetworkPolicy.
 	err = wait.For(func(ctx context.Context) (bool, error) {
 		probe := exec.CommandContext(ctx, envOr("KUBECTL", "kubectl"), "--kubeconfig", cfg.KubeconfigFile(), "create", "--dry-run=server",
-			"-o", "jsonpath={.spec.tls.mode}", "-f", filepath.Join("..", "deploy", "samples", "kvcluster.yaml"), "-n", "default")
+			"-o", "jsonpath={.spec.tls.mode}/{.spec.networkPolicy.mode}", "-f", filepath.Join("..", "deploy", "samples", "kvcluster.yaml"), "-n", "default")
 		out, err := probe.Output()
-		return err == nil && string(out) == string(kvv1.TLSOperator), nil
+		return err == nil && string(out) == string(kvv1.TLSOperator)+"/"+string(kvv1.NetworkPolicyManaged), nil
 	}, wait.WithTimeout(time.Minute), wait.WithInterval(time.Second))
 	if err != nil {
-		return ctx, fmt.Errorf("the TLS-by-default admission policy is not in effect a minute after deploying: %v", err)
+		return ctx, fmt.Errorf("the secure-by-default admission policies are not in effect a minute after deploying: %v", err)
 	}
 	return ctx, nil
 }

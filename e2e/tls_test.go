@@ -77,6 +77,9 @@ func TestTLSCluster(t *testing.T) {
 			r := cfg.Client().Resources()
 			kvc = backedUpOnClaim(ns, "vault", 3)
 			kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+			// The writer reads the certificate the peer port serves, which a NetworkPolicy admits
+			// from members only (TestNetworkPolicyAdmitsOnlyWhatTheClusterNeeds).
+			kvc.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: kvv1.NetworkPolicyDisabled}
 			if err := r.Create(ctx, kvc); err != nil {
 				t.Fatal(err)
 			}
