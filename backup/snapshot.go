@@ -160,7 +160,9 @@ type memberChoice struct {
 }
 
 // pickMember chooses the member to snapshot: a healthy one with the highest revision, a follower
-// rather than the leader when they tie, so the leader is spared the extra load.
+// rather than the leader when they tie, so the leader is spared the extra load. While no member
+// answers it keeps asking, every memberRetryInterval, until ctx ends: a new pod may be refused
+// for a moment, until a NetworkPolicy engine has seen its address.
 func pickMember(ctx context.Context, etcd Etcd) (memberChoice, error) {
 	endpoints := etcd.Endpoints
 	cli, err := etcd.client(endpoints...)
@@ -168,6 +170,25 @@ func pickMember(ctx context.Context, etcd Etcd) (memberChoice, error) {
 		return memberChoice{}, fmt.Errorf("connect to etcd (%s): %w", strings.Join(endpoints, ","), err)
 	}
 	defer func() { _ = cli.Close() }()
+	for {
+		best, errs := askMembers(ctx, cli, endpoints)
+		if best.endpoint != "" {
+			return best, nil
+		}
+		select {
+		case <-ctx.Done():
+			return best, fmt.Errorf("no etcd member answered, so there is nothing to back up from: %s", strings.Join(errs, "; "))
+		case <-time.After(memberRetryInterval):
+		}
+	}
+}
+
+// memberRetryInterval is how long a backup waits before asking the members again when none answered.
+const memberRetryInterval = time.Second
+
+// askMembers asks every member for its status once, and returns the best one to snapshot (none
+// when no member answered) and why the others did not answer.
+func askMembers(ctx context.Context, cli *clientv3.Client, endpoints []string) (memberChoice, []string) {
 	var best memberChoice
 	bestIsLeader := true
 	var errs []string
@@ -185,10 +206,7 @@ func pickMember(ctx context.Context, etcd Etcd) (memberChoice, error) {
 			best, bestIsLeader = memberChoice{endpoint: ep, revision: rev}, isLeader
 		}
 	}
-	if best.endpoint == "" {
-		return best, fmt.Errorf("no etcd member answered, so there is nothing to back up from: %s", strings.Join(errs, "; "))
-	}
-	return best, nil
+	return best, errs
 }
 
 // errDiffers is a read-back that differs from what was written (not one that failed).

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -195,7 +196,10 @@ func TestBackupErrorsSayWhatIsWrong(t *testing.T) {
 	if _, err := Take(ctx, Etcd{Endpoints: []string{endpoint}}, noBucketStore, "kv/x.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), `bucket "missing" does not exist`) {
 		t.Errorf("missing bucket: %v", err)
 	}
-	if _, err := Take(ctx, Etcd{Endpoints: []string{"http://127.0.0.1:1"}}, s3.store(t), "kv/y.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
+	// A backup keeps asking for a member until its time is up (TestABackupWaitsForMembersItCannotReachYet).
+	soon, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := Take(soon, Etcd{Endpoints: []string{"http://127.0.0.1:1"}}, s3.store(t), "kv/y.db", Retention{}, clock); err == nil || !strings.Contains(err.Error(), "no etcd member answered") {
 		t.Errorf("no member: %v", err)
 	}
 	unmounted := NewDirStore(filepath.Join(t.TempDir(), "not-mounted"), "backups")
@@ -351,4 +355,46 @@ func storesWithLeftovers() map[string]func(t *testing.T, dir string) (Store, fun
 			}
 		},
 	}
+}
+
+// TestABackupWaitsForMembersItCannotReachYet: a backup Job's pod may be refused at first, until
+// the NetworkPolicy engine has seen its address (a new pod; seen with kube-router). The backup
+// keeps asking within its time limit rather than failing — a final backup that fails lets the
+// cluster go without it (onFinalBackupFailure: Proceed).
+func TestABackupWaitsForMembersItCannotReachYet(t *testing.T) {
+	etcd := requireBinary(t, "KVC_ETCD_DIR", "etcd")
+	endpoint := startEtcd(t, etcd, t.TempDir(), "late")
+	late := fmt.Sprintf("127.0.0.1:%d", backuptest.FreePort(t))
+	time.AfterFunc(7*time.Second, func() { forward(t, late, strings.TrimPrefix(endpoint, "http://")) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store := NewDirStore(t.TempDir(), "backups")
+	if _, err := Take(ctx, Etcd{Endpoints: []string{"http://" + late}}, store, "kv/late.db", Retention{}, time.Now); err != nil {
+		t.Fatalf("a member refusing connections for 7s failed the backup: %v", err)
+	}
+}
+
+// forward accepts connections on addr from now on and relays each to target.
+func forward(t *testing.T, addr, target string) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+			go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
+		}
+	}()
 }
