@@ -7,10 +7,14 @@
 package main
 
 import (
+	"context"
 	"flag"
+	"fmt"
 	"os"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -41,7 +45,7 @@ func main() {
 		etcdRepository = flag.String("etcd-repository", specs.DefaultEtcdRepository, "etcd image repository for KVClusters that do not set spec.repository (e.g. a mirror)")
 		etcdTimeout    = flag.Duration("etcd-timeout", 5*time.Second, "bound of one query of an etcd cluster's members")
 		backupImage    = flag.String("backup-image", os.Getenv("OPERATOR_IMAGE"), "the operator's own image, which backup Jobs run (default: $OPERATOR_IMAGE)")
-		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE; empty when the operator runs outside the cluster)")
+		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE, else the service account's; none outside the cluster)")
 		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
 		workers        = flag.Int("max-concurrent-reconciles", 8, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others")
 	)
@@ -69,9 +73,9 @@ func main() {
 		log.Error(err, "cannot create the manager")
 		os.Exit(1)
 	}
-	podLabels, err := labels.ConvertSelectorToLabelsMap(*operatorLabels)
+	operator, err := operatorPods(*operatorNS, *operatorLabels, mgr.GetAPIReader())
 	if err != nil {
-		log.Error(err, "--operator-pod-labels must be k=v[,k=v...]")
+		log.Error(err, "clusters' NetworkPolicies would refuse the operator")
 		os.Exit(1)
 	}
 	r := &controllers.KVClusterReconciler{
@@ -83,10 +87,10 @@ func main() {
 		EtcdRepository: *etcdRepository,
 		BackupImage:    *backupImage,
 		Workers:        *workers,
-		Operator:       specs.OperatorPods{Namespace: *operatorNS, Labels: podLabels},
+		Operator:       operator,
 	}
-	if r.Operator.Namespace == "" {
-		log.Info("no --operator-namespace (POD_NAMESPACE): clusters' NetworkPolicies name no operator pods, as for an operator outside the cluster")
+	if operator.Namespace == "" {
+		log.Info("running outside the cluster: clusters' NetworkPolicies name no operator pods, so the operator's traffic must come from a node")
 	}
 	if r.BackupImage == "" {
 		log.Error(nil, "--backup-image (or OPERATOR_IMAGE) is required: backup Jobs run the operator's own image")
@@ -110,4 +114,40 @@ func must(err error) {
 		ctrl.Log.Error(err, "setup failed")
 		os.Exit(1)
 	}
+}
+
+// serviceAccountNamespace is where Kubernetes tells a pod its namespace.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// operatorPods finds the operator's own pods, which every cluster's NetworkPolicy admits: in a
+// pod, its namespace (the flag, else the service account's) and the labels the flag names, which
+// must select the operator's own pod — else the policies would lock the operator out of every
+// cluster it manages. Outside a cluster (no service account), none.
+func operatorPods(namespace, podLabels string, reader client.Reader) (specs.OperatorPods, error) {
+	selector, err := labels.ConvertSelectorToLabelsMap(podLabels)
+	if err != nil {
+		return specs.OperatorPods{}, fmt.Errorf("--operator-pod-labels must be k=v[,k=v...]: %w", err)
+	}
+	if namespace == "" {
+		data, err := os.ReadFile(serviceAccountNamespace)
+		if err != nil { // not in a pod
+			return specs.OperatorPods{}, nil
+		}
+		namespace = strings.TrimSpace(string(data))
+	}
+	name, err := os.Hostname() // a pod's host name is its name
+	if err != nil {
+		return specs.OperatorPods{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var pod corev1.Pod
+	if err := reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &pod); err != nil {
+		return specs.OperatorPods{}, fmt.Errorf("read the operator's own pod %s/%s to check --operator-pod-labels: %w", namespace, name, err)
+	}
+	if !labels.SelectorFromSet(selector).Matches(labels.Set(pod.Labels)) {
+		return specs.OperatorPods{}, fmt.Errorf("--operator-pod-labels=%s does not select the operator's own pod %s/%s (labels %v)",
+			podLabels, namespace, name, pod.Labels)
+	}
+	return specs.OperatorPods{Namespace: namespace, Labels: selector}, nil
 }
