@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/e2e-framework/klient/k8s"
 	"sigs.k8s.io/e2e-framework/klient/wait"
 	"sigs.k8s.io/e2e-framework/klient/wait/conditions"
@@ -40,6 +41,21 @@ func TestLocalClusterPodsCannotLeaveTheMachine(t *testing.T) {
 			t.Logf("netcheck (targets %v):\n%s", targets, logs)
 			if !held {
 				t.Fatal("isolation broken or probe failed")
+			}
+			return ctx
+		}).
+		Assess("nor does a pod the NetworkPolicy engine has seen", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			// kube-router accepts, ahead of any filter rule, the traffic of the pods it knows (a
+			// short-lived pod is gone before it is seen); it sees a new pod within seconds.
+			probe := idleProbe(ctx, t, cfg, "default", nil)
+			defer func() {
+				_ = cfg.Client().Resources().Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: probe, Namespace: "default"}})
+			}()
+			time.Sleep(15 * time.Second)
+			out, err := kubectl(cfg, append([]string{"-n", "default", "exec", probe, "--", "/netcheck"}, args...)...)
+			t.Logf("netcheck in a pod running for 15s:\n%s", out)
+			if err != nil {
+				t.Fatalf("isolation broken or probe failed: %v", err)
 			}
 			return ctx
 		}).Feature()
@@ -104,4 +120,27 @@ func netcheck(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, name s
 	logs, _ := kubectl(cfg, "-n", ns, "logs", name)
 	_ = r.Delete(ctx, pod)
 	return logs, pod.Status.Phase == corev1.PodSucceeded
+}
+
+// idleProbe starts an idle netcheck pod in namespace ns and returns its name once it runs.
+func idleProbe(ctx context.Context, t *testing.T, cfg *envconf.Config, ns string, podLabels map[string]string) string {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: ns, Labels: podLabels},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: "netcheck", Image: "kvcluster.io/netcheck:dev", ImagePullPolicy: corev1.PullNever, Args: []string{"-idle"},
+			}},
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+		},
+	}
+	r := cfg.Client().Resources()
+	if err := r.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.For(conditions.New(r).PodRunning(pod), wait.WithTimeout(2*time.Minute), wait.WithInterval(time.Second))
+	if err != nil {
+		t.Fatalf("probe pod in %s not running: %v", ns, err)
+	}
+	return pod.Name
 }

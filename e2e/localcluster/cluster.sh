@@ -29,6 +29,8 @@ API_SERVICE_IP=10.96.0.1
 NODE_BRIDGE=kvcnode0
 POD_BRIDGE=kvcbr0
 CHAIN=KVC-ISOLATION
+# Routing table for what arrives from the pod bridge: only the cluster's ranges go on from it.
+POD_ROUTES=245
 CLUSTER_NETS=("$SERVICE_CIDR" "$POD_NET" "$NODE_NET")
 STORAGE_CLASS=kvc-local
 CONTAINERD_SOCK=$RUN/containerd.sock
@@ -135,16 +137,25 @@ network_up() {
   [ -f "$DIR/ip_forward.saved" ] || cat /proc/sys/net/ipv4/ip_forward >"$DIR/ip_forward.saved"
   sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 2>/dev/null || sysctl -qw net.ipv4.ip_forward=1
 
-  iptables -N "$CHAIN" 2>/dev/null || iptables -F "$CHAIN"
-  # Forwarding: only between pods on the pod bridge; pods reach the node address locally (INPUT).
-  iptables -A "$CHAIN" -i "$POD_BRIDGE" -o "$POD_BRIDGE" -j ACCEPT
-  # Rejected rather than dropped, so a pod's attempt fails at once instead of timing out.
-  iptables -A "$CHAIN" -i "$POD_BRIDGE" -j REJECT --reject-with icmp-net-unreachable
-  iptables -A "$CHAIN" -o "$POD_BRIDGE" -j DROP
-  iptables -A "$CHAIN" -i "$NODE_BRIDGE" -j DROP
-  iptables -A "$CHAIN" -o "$NODE_BRIDGE" -j DROP
-  iptables -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -I FORWARD 1 -j "$CHAIN"
-  # Output: the cluster ranges only through loopback and our bridges, never another interface.
+  # Routing: a packet from a pod to anything but the cluster's ranges has no route (the host
+  # answers "network unreachable" at once), whatever the firewall tables say. A NetworkPolicy
+  # engine rewrites the filter table and accepts what its policies allow, ahead of any rule of
+  # ours there (kube-router does), so the isolation must not depend on the filter table.
+  while ip rule del iif "$POD_BRIDGE" lookup "$POD_ROUTES" 2>/dev/null; do :; done
+  ip rule add iif "$POD_BRIDGE" lookup "$POD_ROUTES" priority 1000
+  for net in "${CLUSTER_NETS[@]}"; do ip route replace throw "$net" table "$POD_ROUTES"; done
+  ip route replace unreachable default table "$POD_ROUTES"
+  # Forwarding, checked again in the mangle table (before any filter rule, and left alone by the
+  # policy engine): only between pods on the pod bridge; pods reach the node address locally.
+  iptables -t mangle -N "$CHAIN" 2>/dev/null || iptables -t mangle -F "$CHAIN"
+  iptables -t mangle -A "$CHAIN" -i "$POD_BRIDGE" -o "$POD_BRIDGE" -j RETURN
+  iptables -t mangle -A "$CHAIN" -i "$POD_BRIDGE" -j DROP
+  iptables -t mangle -A "$CHAIN" -o "$POD_BRIDGE" -j DROP
+  iptables -t mangle -A "$CHAIN" -i "$NODE_BRIDGE" -j DROP
+  iptables -t mangle -A "$CHAIN" -o "$NODE_BRIDGE" -j DROP
+  iptables -t mangle -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -t mangle -I FORWARD 1 -j "$CHAIN"
+  # Output: the cluster ranges only through loopback and our bridges, never another interface
+  # (in the filter table: it sees where a Service address was translated to).
   iptables -N "$CHAIN-OUT" 2>/dev/null || iptables -F "$CHAIN-OUT"
   for dev in lo "$POD_BRIDGE" "$NODE_BRIDGE"; do iptables -A "$CHAIN-OUT" -o "$dev" -j RETURN; done
   for net in "${CLUSTER_NETS[@]}"; do iptables -A "$CHAIN-OUT" -d "$net" -j DROP; done
@@ -177,9 +188,15 @@ network_down() {
     local set
     for set in $(ipset list -n 2>/dev/null | sed -n '/^KUBE-/p'); do ipset destroy "$set" 2>/dev/null || true; done
   fi
-  while iptables -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
-  while iptables -D OUTPUT -j "$CHAIN-OUT" 2>/dev/null; do :; done
-  for c in "$CHAIN" "$CHAIN-OUT"; do iptables -F "$c" 2>/dev/null || true; iptables -X "$c" 2>/dev/null || true; done
+  local table
+  # (both tables: earlier versions of this script had the forwarding rules in the filter table)
+  for table in mangle filter; do
+    while iptables -t $table -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
+    while iptables -t $table -D OUTPUT -j "$CHAIN-OUT" 2>/dev/null; do :; done
+    for c in "$CHAIN" "$CHAIN-OUT"; do iptables -t $table -F "$c" 2>/dev/null || true; iptables -t $table -X "$c" 2>/dev/null || true; done
+  done
+  while ip rule del iif "$POD_BRIDGE" lookup "$POD_ROUTES" 2>/dev/null; do :; done
+  ip route flush table "$POD_ROUTES" 2>/dev/null || true
   for net in "${CLUSTER_NETS[@]}"; do ip route del blackhole "$net" 2>/dev/null || true; done
   for dev in "$POD_BRIDGE" "$NODE_BRIDGE"; do ip link del "$dev" 2>/dev/null || true; done
   if [ -f "$DIR/ip_forward.saved" ]; then sysctl -qw "net.ipv4.ip_forward=$(cat "$DIR/ip_forward.saved")"; fi
