@@ -155,9 +155,6 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 		policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return err
 	}
-	if err := r.applyNetworkPolicy(ctx, kvc, guard); err != nil {
-		return err
-	}
 	if err := applyOwned(ctx, r.Client, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
 		specs.MembershipConfigMap(kvc, ch.Membership, guard), corev1ac.ExtractConfigMap); err != nil {
 		return err
@@ -165,6 +162,11 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	set := ch.Set
 	set.Guard = guard
 	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
+		return err
+	}
+	// After the members: a policy the API server refuses (a selector it finds invalid) is
+	// reported, and holds up nothing else.
+	if err := r.applyNetworkPolicy(ctx, kvc, guard); err != nil {
 		return err
 	}
 	if !wantGuard {

@@ -334,6 +334,21 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: kvv1.NetworkPolicyDisabled,
 				ClientsFrom: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}}}
 		}, "clientsFrom and metricsFrom need mode Managed"},
+		{"a peer that names no one", func(k *kvv1.KVCluster) {
+			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{ClientsFrom: []networkingv1.NetworkPolicyPeer{{}}}
+		}, "each peer needs a podSelector, a namespaceSelector or an ipBlock"},
+		{"an address block with a selector", func(k *kvv1.KVCluster) {
+			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{MetricsFrom: []networkingv1.NetworkPolicyPeer{{
+				IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8"}, PodSelector: &metav1.LabelSelector{}}}}
+		}, "a peer with an ipBlock can have no selector"},
+		{"an address block that is no CIDR", func(k *kvv1.KVCluster) {
+			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{ClientsFrom: []networkingv1.NetworkPolicyPeer{{
+				IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0"}}}}
+		}, "ipBlock.cidr must be a CIDR"},
+		{"an address block", func(k *kvv1.KVCluster) {
+			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{ClientsFrom: []networkingv1.NetworkPolicyPeer{{
+				IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}}}}
+		}, ""},
 		{"clients and scrapers named", func(k *kvv1.KVCluster) {
 			k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{
 				ClientsFrom: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "shop"}}}},

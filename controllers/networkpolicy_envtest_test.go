@@ -60,7 +60,7 @@ func TestTheNetworkPolicyFollowsTheSpec(t *testing.T) {
 	}
 	policy := func() (*networkingv1.NetworkPolicy, bool) {
 		np := &networkingv1.NetworkPolicy{}
-		err := h.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kv"}, np)
+		err := h.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kv-members"}, np)
 		if apierrors.IsNotFound(err) {
 			return nil, false
 		} else if err != nil {
@@ -119,7 +119,7 @@ func TestTheNetworkPolicyFollowsTheSpec(t *testing.T) {
 	}
 
 	// The user's own policy under the same name.
-	own := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "kv", Namespace: ns},
+	own := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "kv-members", Namespace: ns},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
 	if err := h.client.Create(ctx, own); err != nil {
 		t.Fatal(err)
@@ -138,8 +138,8 @@ func TestTheNetworkPolicyFollowsTheSpec(t *testing.T) {
 	if np, _ := policy(); len(np.Spec.Ingress) != 0 || len(np.OwnerReferences) != 0 {
 		t.Errorf("mode Managed took over the user's own NetworkPolicy: %+v", np)
 	}
-	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseFailed || !strings.Contains(conditionMessages(got), "NetworkPolicy kv") {
-		t.Errorf("mode Managed next to the user's own policy: phase %s, conditions %q; want Failed naming NetworkPolicy kv",
+	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseFailed || !strings.Contains(conditionMessages(got), "NetworkPolicy kv-members") {
+		t.Errorf("mode Managed next to the user's own policy: phase %s, conditions %q; want Failed naming NetworkPolicy kv-members",
 			got.Status.Phase, conditionMessages(got))
 	}
 }

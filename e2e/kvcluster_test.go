@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -95,6 +96,13 @@ func TestSampleClusterLifecycle(t *testing.T) {
 			// The sample states no spec.tls: deploy/default's admission policy gave it TLS.
 			if got.Spec.TLS == nil || got.Spec.TLS.Mode != kvv1.TLSOperator || !strings.HasPrefix(got.Status.ClientEndpoint, "https://") {
 				t.Errorf("a new cluster is not TLS by default: spec.tls %+v, endpoint %s", got.Spec.TLS, got.Status.ClientEndpoint)
+			}
+			// Nor spec.networkPolicy: the other admission policy gave it one.
+			np := &networkingv1.NetworkPolicy{}
+			if got.Spec.NetworkPolicy == nil || got.Spec.NetworkPolicy.Mode != kvv1.NetworkPolicyManaged {
+				t.Errorf("a new cluster has no NetworkPolicy by default: spec.networkPolicy %+v", got.Spec.NetworkPolicy)
+			} else if err := cfg.Client().Resources().Get(ctx, kvc.Name+"-members", kvc.Namespace, np); err != nil {
+				t.Errorf("the cluster's NetworkPolicy: %v", err)
 			}
 			leaders := 0
 			for _, m := range got.Status.Members {

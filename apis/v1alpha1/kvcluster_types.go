@@ -69,10 +69,10 @@ type KVClusterSpec struct {
 	// +optional
 	TLS *TLSSpec `json:"tls,omitempty"`
 
-	// NetworkPolicy makes the operator keep a NetworkPolicy (named after the cluster) admitting to
-	// the members only what they need: the peer port from the other members; the client port from
-	// the members, the cluster's own Jobs, the operator and the clients you select; the metrics
-	// port from the members, the cluster's Jobs, the operator and the scrapers you select. Unset:
+	// NetworkPolicy makes the operator keep a NetworkPolicy (<name>-members) admitting to the
+	// members only what they need: the peer port from the other members; the client port from the
+	// members, the cluster's own Jobs, the operator and the clients you select; the metrics port
+	// from the members, the cluster's Jobs and the scrapers you select. Unset:
 	// no NetworkPolicy, so clusters created before it keep every client; the admission policy
 	// deploy/default installs gives new clusters mode Managed. It needs a network plugin that
 	// enforces NetworkPolicies.
@@ -202,8 +202,11 @@ type NetworkPolicySpec struct {
 	// KVCluster's namespace. With TLS, a client also needs a certificate of the cluster's CA.
 	//
 	// +optional
-	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:MaxItems=16
 	// +listType=atomic
+	// +kubebuilder:validation:XValidation:rule="self.all(p, has(p.podSelector) || has(p.namespaceSelector) || has(p.ipBlock))",message="each peer needs a podSelector, a namespaceSelector or an ipBlock"
+	// +kubebuilder:validation:XValidation:rule="self.all(p, !has(p.ipBlock) || (!has(p.podSelector) && !has(p.namespaceSelector)))",message="a peer with an ipBlock can have no selector (as in a NetworkPolicy)"
+	// +kubebuilder:validation:XValidation:rule="self.all(p, !has(p.ipBlock) || isCIDR(p.ipBlock.cidr))",message="ipBlock.cidr must be a CIDR, e.g. 10.0.0.0/8"
 	ClientsFrom []networkingv1.NetworkPolicyPeer `json:"clientsFrom,omitempty"`
 
 	// MetricsFrom are the pods that may read the metrics port (2381: /metrics, /health, /livez),
@@ -211,8 +214,11 @@ type NetworkPolicySpec struct {
 	// {kubernetes.io/metadata.name: monitoring}}}]. Empty: every pod in the KVCluster's namespace.
 	//
 	// +optional
-	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:MaxItems=16
 	// +listType=atomic
+	// +kubebuilder:validation:XValidation:rule="self.all(p, has(p.podSelector) || has(p.namespaceSelector) || has(p.ipBlock))",message="each peer needs a podSelector, a namespaceSelector or an ipBlock"
+	// +kubebuilder:validation:XValidation:rule="self.all(p, !has(p.ipBlock) || (!has(p.podSelector) && !has(p.namespaceSelector)))",message="a peer with an ipBlock can have no selector (as in a NetworkPolicy)"
+	// +kubebuilder:validation:XValidation:rule="self.all(p, !has(p.ipBlock) || isCIDR(p.ipBlock.cidr))",message="ipBlock.cidr must be a CIDR, e.g. 10.0.0.0/8"
 	MetricsFrom []networkingv1.NetworkPolicyPeer `json:"metricsFrom,omitempty"`
 }
 

@@ -21,7 +21,7 @@ type OperatorPods struct {
 }
 
 // NetworkPolicyName is the NetworkPolicy of a cluster (spec.networkPolicy mode Managed).
-func NetworkPolicyName(kvc *kvv1.KVCluster) string { return kvc.Name }
+func NetworkPolicyName(kvc *kvv1.KVCluster) string { return kvc.Name + "-members" }
 
 // WantsNetworkPolicy says whether the operator keeps a NetworkPolicy for the cluster.
 func WantsNetworkPolicy(kvc *kvv1.KVCluster) bool {

@@ -19,17 +19,17 @@ const policyNamespace = "prod"
 
 // admits says whether a rule's peer, as the policy engine reads it, lets a pod with these labels
 // in namespace ns through: a peer without a namespace selector names the policy's own namespace.
+// An ipBlock peer is taken to admit everything: a builder that added one would widen access.
 func admits(p *networkingv1ac.NetworkPolicyPeerApplyConfiguration, ns string, podLabels map[string]string) bool {
-	if p.IPBlock != nil || p.PodSelector == nil {
+	switch {
+	case p.IPBlock != nil:
+		return true
+	case p.NamespaceSelector == nil && ns != policyNamespace:
+		return false
+	case p.NamespaceSelector != nil && !selector(p.NamespaceSelector).Matches(labels.Set{"kubernetes.io/metadata.name": ns}):
 		return false
 	}
-	if p.NamespaceSelector == nil && ns != policyNamespace {
-		return false
-	}
-	if p.NamespaceSelector != nil && !selector(p.NamespaceSelector).Matches(labels.Set{"kubernetes.io/metadata.name": ns}) {
-		return false
-	}
-	return selector(p.PodSelector).Matches(labels.Set(podLabels))
+	return p.PodSelector == nil || selector(p.PodSelector).Matches(labels.Set(podLabels))
 }
 
 func selector(s *metav1ac.LabelSelectorApplyConfiguration) labels.Selector {

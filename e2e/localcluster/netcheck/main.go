@@ -32,6 +32,7 @@ func main() {
 	var dials, names, reach list
 	timeout := flag.Duration("timeout", 5*time.Second, "bound of each attempt")
 	wait := flag.Duration("for", 0, "repeat the checks each second until all hold, for at most this long")
+	settled := flag.Bool("settled", false, "with -for: a -dial address that connects fails at once (only -reach failures are tried again)")
 	flag.Var(&dials, "dial", "HOST:PORT that must not be reachable over TCP (repeatable)")
 	flag.Var(&names, "resolve", "name that must not resolve (repeatable)")
 	flag.Var(&reach, "reach", "HOST:PORT inside the cluster that must be reachable (repeatable)")
@@ -47,8 +48,12 @@ func main() {
 	report := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
 	deadline := time.Now().Add(*wait)
 	attempts := 1
-	for !check(reach, dials, names, *timeout, report) {
-		if time.Now().After(deadline) {
+	for {
+		failed, leaked := check(reach, dials, names, *timeout, report)
+		if !failed && !leaked {
+			break
+		}
+		if time.Now().After(deadline) || (leaked && *settled) {
 			fmt.Print(strings.Join(lines, ""))
 			fmt.Printf("checks did not hold after %d attempts\n", attempts)
 			os.Exit(1)
@@ -61,13 +66,13 @@ func main() {
 	fmt.Printf("checks held at attempt %d\n", attempts)
 }
 
-// check runs every check once, reporting each through report, and says whether they all held.
-func check(reach, dials, names []string, timeout time.Duration, report func(format string, args ...any)) bool {
-	leaked := false
+// check runs every check once, reporting each through report, and says whether a -reach address
+// failed and whether a -dial address connected or a -resolve name resolved.
+func check(reach, dials, names []string, timeout time.Duration, report func(format string, args ...any)) (failed, leaked bool) {
 	for _, addr := range reach {
 		conn, err := net.DialTimeout("tcp", addr, timeout)
 		if err != nil {
-			leaked = true
+			failed = true
 			report("FAIL reach %s: %v\n", addr, err)
 			continue
 		}
@@ -96,5 +101,5 @@ func check(reach, dials, names []string, timeout time.Duration, report func(form
 		}
 		report("blocked resolve %s: %v\n", name, err)
 	}
-	return !leaked
+	return failed, leaked
 }

@@ -40,10 +40,10 @@ type KVClusterSpecApplyConfiguration struct {
 	// authenticate each other. Unset: plaintext to the operator, but the admission policy that
 	// deploy/default installs gives new clusters mode Operator. Only plaintext → TLS may change.
 	TLS *TLSSpecApplyConfiguration `json:"tls,omitempty"`
-	// NetworkPolicy makes the operator keep a NetworkPolicy (named after the cluster) admitting to
-	// the members only what they need: the peer port from the other members; the client port from
-	// the members, the cluster's own Jobs, the operator and the clients you select; the metrics
-	// port from the members, the cluster's Jobs, the operator and the scrapers you select. Unset:
+	// NetworkPolicy makes the operator keep a NetworkPolicy (<name>-members) admitting to the
+	// members only what they need: the peer port from the other members; the client port from the
+	// members, the cluster's own Jobs, the operator and the clients you select; the metrics port
+	// from the members, the cluster's Jobs and the scrapers you select. Unset:
 	// no NetworkPolicy, so clusters created before it keep every client; the admission policy
 	// deploy/default installs gives new clusters mode Managed. It needs a network plugin that
 	// enforces NetworkPolicies.
