@@ -114,6 +114,10 @@ func memberPods(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv
 	}
 	out := map[string]*corev1.Pod{}
 	for i := range pods.Items {
+		// A pod older than the cluster is a deleted namesake's, still being torn down by the kubelet.
+		if pods.Items[i].CreationTimestamp.Before(&kvc.CreationTimestamp) {
+			continue
+		}
 		out[pods.Items[i].Name] = &pods.Items[i]
 	}
 	return out
