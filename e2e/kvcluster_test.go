@@ -109,12 +109,18 @@ func TestSampleClusterLifecycle(t *testing.T) {
 				if !m.Healthy || m.Learner || m.Version != kvc.Spec.Version {
 					t.Errorf("member %+v is not a healthy voting member on %s", m, kvc.Spec.Version)
 				}
+				if m.DBSize == nil || m.DBSize.IsZero() || m.DBSizeInUse == nil || len(m.Alarms) > 0 {
+					t.Errorf("member %s: database %v, in use %v, alarms %v; want its sizes and no alarm", m.Name, m.DBSize, m.DBSizeInUse, m.Alarms)
+				}
 				if m.Leader {
 					leaders++
 				}
 			}
 			if len(got.Status.Members) != 3 || leaders != 1 {
 				t.Errorf("members = %+v, want 3 with one leader", got.Status.Members)
+			}
+			if sp := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionSpacePressure); got.Status.BackendQuota == nil || sp == nil || sp.Status != metav1.ConditionFalse {
+				t.Errorf("backendQuota %v, SpacePressure %+v; want the quota and no pressure on a new cluster", got.Status.BackendQuota, sp)
 			}
 			var pods corev1.PodList
 			if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &pods, resources.WithLabelSelector("app.kubernetes.io/instance="+kvc.Name)); err != nil {

@@ -659,6 +659,9 @@ const (
 	ConditionStalled = "Stalled"
 	// ConditionBackupSucceeded says whether the most recent backup succeeded, or why backups cannot run.
 	ConditionBackupSucceeded = "BackupSucceeded"
+	// ConditionSpacePressure is True while etcd refuses writes for want of space (a NOSPACE alarm)
+	// or a member's database has grown past 80% of the quota.
+	ConditionSpacePressure = "SpacePressure"
 )
 
 // Annotations a person may set on a KVCluster.
@@ -700,6 +703,19 @@ type MemberStatus struct {
 	// operator removes it from etcd and adds it back as a learner.
 	// +optional
 	VolumeUID string `json:"volumeUID,omitempty"`
+	// DBSize is the size of the member's database file, rounded up to a MiB: what etcd compares
+	// with its quota (status.backendQuota). It shrinks only when the member is defragmented.
+	// +optional
+	DBSize *resource.Quantity `json:"dbSize,omitempty"`
+	// DBSizeInUse is the part of the database holding data, rounded up to a MiB; the rest is free
+	// pages that compaction left and defragmentation returns to the disk.
+	// +optional
+	DBSizeInUse *resource.Quantity `json:"dbSizeInUse,omitempty"`
+	// Alarms etcd has raised for the member: NOSPACE (its database reached the quota: the whole
+	// cluster refuses writes) or CORRUPT.
+	// +optional
+	// +listType=atomic
+	Alarms []string `json:"alarms,omitempty"`
 }
 
 // KVClusterStatus is the observed state of a KVCluster.
@@ -744,6 +760,11 @@ type KVClusterStatus struct {
 	// ClientEndpoint is the URL clients use to reach the cluster from inside Kubernetes.
 	// +optional
 	ClientEndpoint string `json:"clientEndpoint,omitempty"`
+
+	// BackendQuota is the size a member's database may reach before etcd raises the NOSPACE alarm
+	// and the cluster refuses writes, as the members report it.
+	// +optional
+	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
 
 	// Members is what etcd reports about each member.
 	// +optional

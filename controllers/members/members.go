@@ -36,6 +36,9 @@ type Member struct {
 	// RaftIndex is the member's last raft log index; AppliedIndex how far it has applied it.
 	RaftIndex    uint64
 	AppliedIndex uint64
+	// DBSize is the size of the member's database file, DBSizeInUse the part holding data, and
+	// DBSizeQuota the size at which etcd raises the NOSPACE alarm (bytes).
+	DBSize, DBSizeInUse, DBSizeQuota int64
 }
 
 // Started reports whether the member has run and published its name; a member just added to the
@@ -220,6 +223,7 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 			mem.Revision = st.Header.Revision
 			mem.Leader = st.Leader == m.ID
 			mem.RaftIndex, mem.AppliedIndex = st.RaftIndex, st.RaftAppliedIndex
+			mem.DBSize, mem.DBSizeInUse, mem.DBSizeQuota = st.DbSize, st.DbSizeInUse, st.DbSizeQuota
 		})
 	}
 	wg.Wait()

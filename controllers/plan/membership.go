@@ -121,10 +121,18 @@ func disruptionBase(kvc *kvv1.KVCluster, obs Observation) int32 {
 
 // recordedVolume is the claim a member was last seen healthy on.
 func recordedVolume(kvc *kvv1.KVCluster, name string) types.UID {
-	for _, m := range kvc.Status.Members {
-		if m.Name == name {
-			return types.UID(m.VolumeUID)
-		}
+	if m := recordedMember(kvc, name); m != nil {
+		return types.UID(m.VolumeUID)
 	}
 	return ""
+}
+
+// recordedMember is what the last status said of the member with this name.
+func recordedMember(kvc *kvv1.KVCluster, name string) *kvv1.MemberStatus {
+	for i := range kvc.Status.Members {
+		if kvc.Status.Members[i].Name == name {
+			return &kvc.Status.Members[i]
+		}
+	}
+	return nil
 }

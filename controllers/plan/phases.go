@@ -67,6 +67,9 @@ func ready(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verd
 	if obs.healthy(kvc) {
 		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
 	}
+	if !obs.quorumLost() && len(obs.Cluster.Alarms) > 0 { // the SpacePressure condition says what to do about NOSPACE
+		return verdict{kvv1.PhaseReady, ReasonWritesRefused, obs.summary(kvc) + "; etcd refuses writes while an alarm is active", pollWhileProgressing}
+	}
 	if obs.quorumLost() && deadlinePassed(kvc, now) {
 		return verdict{kvv1.PhaseFailed, ReasonQuorumLost, fmt.Sprintf(
 			"etcd has had no quorum for more than %ds (%s). If the lost members cannot come back, "+
@@ -163,6 +166,7 @@ func decide(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) (kv
 	st.ObservedGeneration = kvc.Generation
 	st.ClientEndpoint = specs.ClientEndpoint(kvc, obs.ClientScheme(kvc))
 	st.Members = memberStatuses(kvc, obs)
+	st.BackendQuota = backendQuota(kvc, obs)
 	if v.phase != kvc.Status.Phase || obs.ReadyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil ||
 		membersMoved(kvc.Status.Members, st.Members) {
 		at := metav1.NewTime(now.Truncate(time.Second))
@@ -204,7 +208,7 @@ func memberStatuses(kvc *kvv1.KVCluster, obs Observation) []kvv1.MemberStatus {
 	if cluster == nil {
 		out := make([]kvv1.MemberStatus, len(previous))
 		for i, m := range previous {
-			m.Healthy, m.Leader = false, false
+			m.Healthy, m.Leader, m.Alarms = false, false, nil // alarms unknown, as is health
 			out[i] = m
 		}
 		return out
@@ -220,7 +224,12 @@ func memberStatuses(kvc *kvv1.KVCluster, obs Observation) []kvv1.MemberStatus {
 		ms := kvv1.MemberStatus{
 			Name: name, ID: fmt.Sprintf("%x", m.ID), Version: m.Version,
 			Leader: m.Leader, Learner: m.Learner, Healthy: m.Healthy,
-			VolumeUID: string(recordedVolume(kvc, name)),
+			VolumeUID: string(recordedVolume(kvc, name)), Alarms: memberAlarms(cluster, m.ID),
+		}
+		if m.Healthy {
+			ms.DBSize, ms.DBSizeInUse = mebibytes(m.DBSize), mebibytes(m.DBSizeInUse)
+		} else if prev := recordedMember(kvc, name); prev != nil && prev.ID == ms.ID { // sizes as last seen (not a former member's)
+			ms.DBSize, ms.DBSizeInUse = prev.DBSize, prev.DBSizeInUse
 		}
 		if ord, ok := specs.OrdinalOfMember(kvc, name); ok && m.Healthy && m.Started() && obs.Pods[ord].VolumeUID != "" {
 			ms.VolumeUID = string(obs.Pods[ord].VolumeUID)

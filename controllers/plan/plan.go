@@ -113,6 +113,7 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
+	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, now)...)
 	p.Status = st
 	p.Events = append(append(phaseEvents(kvc, v), events...), secureDefaultsUnset(kvc)...)
 	return p

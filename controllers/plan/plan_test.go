@@ -75,10 +75,11 @@ func TestMake(t *testing.T) {
 			s.kvc.Annotations = map[string]string{kvv1.AnnotationAdoptVolumes: "true"}
 			s.kvc.Spec.Restore = &kvv1.RestoreSpec{Key: "ns/kv/old.db"}
 		}), wantPhase: kvv1.PhaseFailed, wantReason: ReasonLeftoverVolumes, wantRequeue: 30 * time.Second, wantEvents: ReasonLeftoverVolumes},
+		// Its own member's NOSPACE alarm is real: writes are refused, and SpacePressure says so.
 		{name: "an alarm of a member the cluster does not have is disarmed", s: ready(func(s *scenario) {
 			s.obs.Cluster.Alarms = []members.Alarm{strangerAlarm, ownAlarm}
-		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonMembersUnavailable, wantObjects: true, wantDisarm: []members.Alarm{strangerAlarm},
-			wantRequeue: 5 * time.Second, wantEvents: ""},
+		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonWritesRefused, wantObjects: true, wantDisarm: []members.Alarm{strangerAlarm},
+			wantRequeue: 5 * time.Second, wantEvents: ReasonNoSpace},
 		{name: "a restored cluster forming disarms every alarm its snapshot carried", s: ready(func(s *scenario) {
 			s.kvc.Status.Phase, s.kvc.Status.CurrentVersion = kvv1.PhaseCreating, ""
 			s.kvc.Spec.Restore = &kvv1.RestoreSpec{Key: "ns/kv/old.db"}

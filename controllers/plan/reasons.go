@@ -9,6 +9,7 @@ const (
 	ReasonCreating           = "Creating"
 	ReasonClusterReady       = "ClusterReady"
 	ReasonMembersUnavailable = "MembersUnavailable"
+	ReasonWritesRefused      = "WritesRefused"
 	ReasonProgressDeadline   = "ProgressDeadlineExceeded"
 	ReasonQuorumLost         = "QuorumLost"
 	ReasonSpecChanged        = "SpecChanged"
@@ -39,6 +40,13 @@ const (
 	ReasonFinalBackupFailed = "FinalBackupFailed"
 )
 
+// Reasons of the SpacePressure condition, also used for the events announcing a change.
+const (
+	ReasonNoSpace        = "NoSpace"
+	ReasonNearQuota      = "NearQuota"
+	ReasonSpaceAvailable = "SpaceAvailable"
+)
+
 // Reasons of events only.
 const (
 	EventBackupStarted          = "BackupStarted"
@@ -58,6 +66,7 @@ const (
 	EventTLSUnset               = "TLSUnset"
 	EventNetworkPolicyUnset     = "NetworkPolicyUnset"
 	EventNetworkPolicyDeleted   = "NetworkPolicyDeleted"
+	EventSpaceRecovered         = "SpaceRecovered"
 
 	// The deletion steps.
 	EventDrainStarted            = "DrainStarted"

@@ -270,6 +270,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.KVClusterStatus
   map:
     fields:
+    - name: backendQuota
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
     - name: certificates
       type:
         list:
@@ -335,6 +338,18 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.MemberStatus
   map:
     fields:
+    - name: alarms
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
+    - name: dbSize
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: dbSizeInUse
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
     - name: healthy
       type:
         scalar: boolean

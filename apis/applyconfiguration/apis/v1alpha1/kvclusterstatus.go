@@ -4,6 +4,7 @@ package v1alpha1
 
 import (
 	apisv1alpha1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	resource "k8s.io/apimachinery/pkg/api/resource"
 	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1 "k8s.io/client-go/applyconfigurations/meta/v1"
 )
@@ -34,6 +35,9 @@ type KVClusterStatusApplyConfiguration struct {
 	LastProgressTime *v1.Time `json:"lastProgressTime,omitempty"`
 	// ClientEndpoint is the URL clients use to reach the cluster from inside Kubernetes.
 	ClientEndpoint *string `json:"clientEndpoint,omitempty"`
+	// BackendQuota is the size a member's database may reach before etcd raises the NOSPACE alarm
+	// and the cluster refuses writes, as the members report it.
+	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
 	// Members is what etcd reports about each member.
 	Members []MemberStatusApplyConfiguration `json:"members,omitempty"`
 	// Deletion is where each deletion step stands, once the KVCluster is being deleted.
@@ -129,6 +133,14 @@ func (b *KVClusterStatusApplyConfiguration) WithLastProgressTime(value v1.Time) 
 // If called multiple times, the ClientEndpoint field is set to the value of the last call.
 func (b *KVClusterStatusApplyConfiguration) WithClientEndpoint(value string) *KVClusterStatusApplyConfiguration {
 	b.ClientEndpoint = &value
+	return b
+}
+
+// WithBackendQuota sets the BackendQuota field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the BackendQuota field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithBackendQuota(value resource.Quantity) *KVClusterStatusApplyConfiguration {
+	b.BackendQuota = &value
 	return b
 }
 

@@ -2,6 +2,10 @@
 
 package v1alpha1
 
+import (
+	resource "k8s.io/apimachinery/pkg/api/resource"
+)
+
 // MemberStatusApplyConfiguration represents a declarative configuration of the MemberStatus type for use
 // with apply.
 //
@@ -23,6 +27,15 @@ type MemberStatusApplyConfiguration struct {
 	// A member whose pod comes back on a different (new, empty) claim has lost its data: the
 	// operator removes it from etcd and adds it back as a learner.
 	VolumeUID *string `json:"volumeUID,omitempty"`
+	// DBSize is the size of the member's database file, rounded up to a MiB: what etcd compares
+	// with its quota (status.backendQuota). It shrinks only when the member is defragmented.
+	DBSize *resource.Quantity `json:"dbSize,omitempty"`
+	// DBSizeInUse is the part of the database holding data, rounded up to a MiB; the rest is free
+	// pages that compaction left and defragmentation returns to the disk.
+	DBSizeInUse *resource.Quantity `json:"dbSizeInUse,omitempty"`
+	// Alarms etcd has raised for the member: NOSPACE (its database reached the quota: the whole
+	// cluster refuses writes) or CORRUPT.
+	Alarms []string `json:"alarms,omitempty"`
 }
 
 // MemberStatusApplyConfiguration constructs a declarative configuration of the MemberStatus type for use with
@@ -84,5 +97,31 @@ func (b *MemberStatusApplyConfiguration) WithHealthy(value bool) *MemberStatusAp
 // If called multiple times, the VolumeUID field is set to the value of the last call.
 func (b *MemberStatusApplyConfiguration) WithVolumeUID(value string) *MemberStatusApplyConfiguration {
 	b.VolumeUID = &value
+	return b
+}
+
+// WithDBSize sets the DBSize field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the DBSize field is set to the value of the last call.
+func (b *MemberStatusApplyConfiguration) WithDBSize(value resource.Quantity) *MemberStatusApplyConfiguration {
+	b.DBSize = &value
+	return b
+}
+
+// WithDBSizeInUse sets the DBSizeInUse field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the DBSizeInUse field is set to the value of the last call.
+func (b *MemberStatusApplyConfiguration) WithDBSizeInUse(value resource.Quantity) *MemberStatusApplyConfiguration {
+	b.DBSizeInUse = &value
+	return b
+}
+
+// WithAlarms adds the given value to the Alarms field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Alarms field.
+func (b *MemberStatusApplyConfiguration) WithAlarms(values ...string) *MemberStatusApplyConfiguration {
+	for i := range values {
+		b.Alarms = append(b.Alarms, values[i])
+	}
 	return b
 }
