@@ -177,6 +177,9 @@ type fakeMembers struct {
 	// fenceErrs are the errors the next fences answer, one each.
 	fenceErrs []error
 	nextID    uint64
+	// compacted is the revision the last compaction went to; liveBytes what a compaction leaves
+	// in use in each member's database.
+	compacted, liveBytes int64
 }
 
 func (f *fakeMembers) record(format string, args ...any) {
@@ -311,6 +314,36 @@ func (f *fakeMembers) DisarmAlarm(_ context.Context, _ []string, a members.Alarm
 	f.record("disarm %s %x", a.Type, a.MemberID)
 	f.cluster.Alarms = slices.DeleteFunc(f.cluster.Alarms, func(b members.Alarm) bool { return b == a })
 	return nil
+}
+
+// Compact frees, in every member's database, all but liveBytes (what the latest revision holds).
+func (f *fakeMembers) Compact(_ context.Context, _ []string, revision int64) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if revision <= f.compacted {
+		return false, nil
+	}
+	f.compacted = revision
+	f.record("compact %d", revision)
+	for i := range f.cluster.Members {
+		m := &f.cluster.Members[i]
+		m.DBSizeInUse = min(m.DBSizeInUse, f.liveBytes)
+	}
+	return true, nil
+}
+
+// Defragment shrinks the database of the member at the endpoint (named in its host) to what it uses.
+func (f *fakeMembers) Defragment(_ context.Context, endpoint string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.cluster.Members {
+		if m := &f.cluster.Members[i]; strings.Contains(endpoint, "//"+m.Name+".") {
+			f.record("defragment %s", m.Name)
+			m.DBSize = m.DBSizeInUse
+			return nil
+		}
+	}
+	return fmt.Errorf("no member at %s", endpoint)
 }
 
 func (f *fakeMembers) set(c members.Cluster, err error) {

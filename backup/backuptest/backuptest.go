@@ -78,22 +78,23 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// StartEtcd runs a one-member etcd on a data dir and returns its client URL.
-func StartEtcd(t testing.TB, etcd, dataDir, name string) string {
+// StartEtcd runs a one-member etcd on a data dir, with any more flags given, and returns its
+// client URL.
+func StartEtcd(t testing.TB, etcd, dataDir, name string, flags ...string) string {
 	t.Helper()
-	return StartEtcdOn(t, etcd, dataDir, name, fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
+	return StartEtcdOn(t, etcd, dataDir, name, fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)), flags...)
 }
 
 // StartEtcdOn runs a one-member etcd with the given peer URL (the one a restored data dir was
 // restored for) and returns its client URL once it is ready (/readyz: unlike /health, it does not
 // fail while an alarm is raised).
-func StartEtcdOn(t testing.TB, etcd, dataDir, name, peer string) string {
+func StartEtcdOn(t testing.TB, etcd, dataDir, name, peer string, flags ...string) string {
 	t.Helper()
 	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	StartProcess(t, "etcd-"+name, etcd, "--name="+name, "--data-dir="+dataDir,
-		"--listen-client-urls="+client, "--advertise-client-urls="+client,
-		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
-		"--initial-cluster="+name+"="+peer, "--unsafe-no-fsync")
+	StartProcess(t, "etcd-"+name, etcd, append([]string{"--name=" + name, "--data-dir=" + dataDir,
+		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=" + name + "=" + peer, "--unsafe-no-fsync"}, flags...)...)
 	WaitFor(t, "etcd", func() bool {
 		resp, err := http.Get(client + "/readyz")
 		if err == nil {

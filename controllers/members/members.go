@@ -129,6 +129,13 @@ type Client interface {
 	FenceWrites(ctx context.Context, endpoints []string) (int64, error)
 	// DisarmAlarm clears an alarm.
 	DisarmAlarm(ctx context.Context, endpoints []string, a Alarm) error
+	// Compact drops every revision before revision, once the members have applied it to their
+	// databases (freeing pages in them, not on disk: see Defragment). It reports false when the
+	// cluster was compacted that far already.
+	Compact(ctx context.Context, endpoints []string, revision int64) (bool, error)
+	// Defragment rewrites one member's database without its free pages, returning them to the
+	// disk. The member serves no request while it does.
+	Defragment(ctx context.Context, memberEndpoint string) error
 	// UpdatePeerURL changes the peer URL the other members dial a member at.
 	UpdatePeerURL(ctx context.Context, endpoints []string, id uint64, peerURL string) error
 	// WithTLS is the client for a cluster with TLS: it presents the cluster's client certificate
@@ -271,7 +278,12 @@ func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.
 
 // do runs one request against the cluster with a fresh client, bounded by the timeout.
 func (e EtcdClient) do(ctx context.Context, endpoints []string, f func(ctx context.Context, cli *clientv3.Client) error) error {
-	ctx, cancel := context.WithTimeout(ctx, e.timeout())
+	return e.doWithin(ctx, e.timeout(), endpoints, f)
+}
+
+// doWithin is do for a request that may take longer than the timeout (which still bounds the dial).
+func (e EtcdClient) doWithin(ctx context.Context, within time.Duration, endpoints []string, f func(ctx context.Context, cli *clientv3.Client) error) error {
+	ctx, cancel := context.WithTimeout(ctx, max(within, e.timeout()))
 	defer cancel()
 	cli, err := e.connect(ctx, endpoints)
 	if err != nil {
@@ -328,6 +340,28 @@ func (e EtcdClient) FenceWrites(ctx context.Context, endpoints []string) (int64,
 func (e EtcdClient) DisarmAlarm(ctx context.Context, endpoints []string, a Alarm) error {
 	return e.do(ctx, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
 		_, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: a.MemberID, Alarm: pb.AlarmType(pb.AlarmType_value[a.Type])})
+		return err
+	})
+}
+
+func (e EtcdClient) Compact(ctx context.Context, endpoints []string, revision int64) (bool, error) {
+	err := e.doWithin(ctx, maintenanceTimeout, endpoints, func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.Compact(ctx, revision, clientv3.WithCompactPhysical())
+		return err
+	})
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// maintenanceTimeout bounds a compaction (waiting until the members applied it) and one member's
+// defragmentation: etcd rewrites the whole database file, about a second per 70 MB.
+const maintenanceTimeout = 2 * time.Minute
+
+func (e EtcdClient) Defragment(ctx context.Context, memberEndpoint string) error {
+	return e.doWithin(ctx, maintenanceTimeout, []string{memberEndpoint}, func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.Defragment(ctx, memberEndpoint)
 		return err
 	})
 }

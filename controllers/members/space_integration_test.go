@@ -1,0 +1,92 @@
+package members
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+
+	"github.com/kvcluster/kvcluster-operator/backup/backuptest"
+)
+
+// TestFreeingSpaceAfterNoSpace runs against a real etcd with a small quota: overwriting one key
+// until etcd refuses writes fills the database with old revisions; compacting frees them inside
+// the file, defragmenting shrinks the file, and only then does disarming the alarm let writes
+// through without the alarm coming straight back.
+func TestFreeingSpaceAfterNoSpace(t *testing.T) {
+	etcd := backuptest.RequireBinary(t, "KVC_ETCD_DIR", "etcd")
+	ctx := context.Background()
+	e := EtcdClient{Timeout: 5 * time.Second}
+	const quota = 8 << 20
+	url := backuptest.StartEtcd(t, etcd, t.TempDir(), "full", "--quota-backend-bytes=8388608")
+	self := func(Member) (string, bool) { return url, true }
+	cli := client(t, url)
+
+	value := bytes.Repeat([]byte("x"), 512<<10)
+	var last string
+	for i := 0; ; i++ {
+		if i > 100 {
+			t.Fatalf("etcd with a quota of %d bytes took %d writes of %d bytes without NOSPACE", quota, i, len(value))
+		}
+		v := string(value[:len(value)-3]) + string(rune('a'+i%26)) + "!!"
+		_, err := cli.Put(ctx, "orders/big", v)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = v
+	}
+	full, err := e.Cluster(ctx, []string{url}, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := full.Members[0]
+	if len(full.Alarms) != 1 || full.Alarms[0].Type != "NOSPACE" || m.DBSizeQuota != quota || m.DBSize < quota*9/10 {
+		t.Fatalf("after filling: alarms %+v, size %d of quota %d; want NOSPACE at the quota", full.Alarms, m.DBSize, m.DBSizeQuota)
+	}
+
+	compacted, err := e.Compact(ctx, []string{url}, m.Revision)
+	if err != nil || !compacted {
+		t.Fatalf("compact to %d: %v, %v", m.Revision, compacted, err)
+	}
+	if again, err := e.Compact(ctx, []string{url}, m.Revision); err != nil || again {
+		t.Errorf("compacting to the same revision again: %v, %v; want nothing to do and no error", again, err)
+	}
+	afterCompact, err := e.Cluster(ctx, []string{url}, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := afterCompact.Members[0]
+	if c.DBSize < quota*9/10 || c.DBSizeInUse > quota/4 {
+		t.Errorf("after compacting: %d bytes in a %d-byte file; want the file as large, the old revisions freed inside it", c.DBSizeInUse, c.DBSize)
+	}
+
+	if err := e.Defragment(ctx, url); err != nil {
+		t.Fatalf("defragment: %v", err)
+	}
+	afterDefrag, err := e.Cluster(ctx, []string{url}, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := afterDefrag.Members[0]; d.DBSize > quota/4 {
+		t.Errorf("after defragmenting: a %d-byte file (%d in use); want it shrunk to what is in use", d.DBSize, d.DBSizeInUse)
+	}
+	if len(afterDefrag.Alarms) != 1 {
+		t.Errorf("alarms after defragmenting: %+v; want NOSPACE still raised until disarmed", afterDefrag.Alarms)
+	}
+	if err := e.DisarmAlarm(ctx, []string{url}, afterDefrag.Alarms[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "orders/small", "after the space was freed"); err != nil {
+		t.Errorf("a put after disarming: %v", err)
+	}
+	got, err := cli.Get(ctx, "orders/big")
+	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != last {
+		t.Errorf("the last acknowledged value of orders/big is not what compaction kept: %v", err)
+	}
+}
