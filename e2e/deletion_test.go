@@ -75,17 +75,7 @@ func TestDeletionKeepsTheData(t *testing.T) {
 	}
 	events := func(ctx context.Context, t *testing.T, cfg *envconf.Config, object string) string {
 		t.Helper()
-		var evs corev1.EventList
-		if err := cfg.Client().Resources(ns).List(ctx, &evs); err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, e := range evs.Items {
-			if e.InvolvedObject.Name == object {
-				out = append(out, e.Reason+": "+e.Message)
-			}
-		}
-		return strings.Join(out, "\n")
+		return strings.Join(timeline(ctx, t, cfg, ns, object), "\n")
 	}
 
 	f := features.New("deleting a KVCluster never loses its data silently").

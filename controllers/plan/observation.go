@@ -16,8 +16,9 @@ import (
 )
 
 // Observation is what one reconcile saw of a cluster, read once before anything is decided:
-// Kubernetes (from the cache) and etcd (live). One outcome of acting is observed too: an apply
-// the API server refuses (ApplyRejected, ForeignChildren), after which the cluster is planned again.
+// Kubernetes (from the cache) and etcd (live). Outcomes of acting are observed too: an apply the
+// API server refuses (ApplyRejected, ForeignChildren), a compaction (Compacted), after which the
+// cluster is planned again.
 type Observation struct {
 	// ReadyMembers is the StatefulSet's count of ready member pods.
 	ReadyMembers int32
@@ -56,6 +57,9 @@ type Observation struct {
 	STSForeign bool
 	// ApplyRejected is why the API server refused to apply the cluster's objects.
 	ApplyRejected string
+	// Compacted: a compaction just freed pages in the databases, which the sizes in Cluster,
+	// read before it, do not show.
+	Compacted bool
 
 	// TLS is the data of the cluster's TLS Secrets that exist, by part (specs.TLSCA, TLSServer,
 	// TLSPeer, TLSClient).
@@ -146,12 +150,18 @@ func (o Observation) outdatedPods() int {
 	return n
 }
 
-// healthy is the Ready criterion: every member pod ready, and etcd reporting a leader and exactly
-// the expected voting members, all of them answering, and no alarm (under which etcd refuses writes).
+// healthy is the Ready criterion: the members are (membersHealthy), and etcd has raised no alarm
+// (under which it refuses writes).
 func (o Observation) healthy(kvc *kvv1.KVCluster) bool {
+	return o.membersHealthy(kvc) && len(o.Cluster.Alarms) == 0
+}
+
+// membersHealthy: every member pod ready, and etcd reporting a leader and exactly the expected
+// voting members, all of them answering.
+func (o Observation) membersHealthy(kvc *kvv1.KVCluster) bool {
 	n := int(kvc.Spec.Partitions)
 	return o.ReadyMembers == kvc.Spec.Partitions && o.Cluster != nil && o.Cluster.HasLeader &&
-		o.Cluster.AllHealthy() && len(o.Cluster.Members) == n && o.Cluster.Voting() == n && len(o.Cluster.Alarms) == 0
+		o.Cluster.AllHealthy() && len(o.Cluster.Members) == n && o.Cluster.Voting() == n
 }
 
 // rolled: every member runs the StatefulSet's current template, and is ready.

@@ -36,6 +36,8 @@ type Plan struct {
 	Rollout Rollout
 	// Disarm are alarms the cluster inherited, to clear.
 	Disarm []members.Alarm
+	// FreeSpace is the next step of freeing space under a NOSPACE alarm.
+	FreeSpace FreeSpace
 	// Endpoints are the members' client URLs to ask.
 	Endpoints []string
 	// Backups are the backup Jobs to start and to prune.
@@ -113,7 +115,12 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
-	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, now)...)
+	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(kvc, st))
+	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, p.FreeSpace, now)...)
+	if meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionSpacePressure) {
+		// Near the quota a database may reach it within the minute a healthy cluster is polled at.
+		p.RequeueAfter = min(p.RequeueAfter, pollWhileProgressing)
+	}
 	p.Status = st
 	p.Events = append(append(phaseEvents(kvc, v), events...), secureDefaultsUnset(kvc)...)
 	return p

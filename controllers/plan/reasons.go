@@ -43,6 +43,7 @@ const (
 // Reasons of the SpacePressure condition, also used for the events announcing a change.
 const (
 	ReasonNoSpace        = "NoSpace"
+	ReasonSpaceExhausted = "SpaceExhausted"
 	ReasonNearQuota      = "NearQuota"
 	ReasonSpaceAvailable = "SpaceAvailable"
 )
@@ -67,6 +68,10 @@ const (
 	EventNetworkPolicyUnset     = "NetworkPolicyUnset"
 	EventNetworkPolicyDeleted   = "NetworkPolicyDeleted"
 	EventSpaceRecovered         = "SpaceRecovered"
+	EventSpaceCompacted         = "SpaceCompacted"
+	EventMemberDefragmented     = "MemberDefragmented"
+	EventNoSpaceDisarmed        = "NoSpaceDisarmed"
+	EventFreeSpaceFailed        = "FreeSpaceFailed"
 
 	// The deletion steps.
 	EventDrainStarted            = "DrainStarted"

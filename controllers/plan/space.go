@@ -2,6 +2,7 @@ package plan
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -9,15 +10,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
-// nearQuotaPercent is the share of the quota past which a member's database puts the cluster
+// NearQuotaPercent is the share of the quota past which a member's database puts the cluster
 // under space pressure: etcd compares the database file's size (not the part in use) with it.
-const nearQuotaPercent = 80
+const NearQuotaPercent = 80
 
 // mebibytes rounds a size up to a MiB, so status changes once per MiB a database grows, not on
 // every write.
@@ -52,40 +54,180 @@ func backendQuota(kvc *kvv1.KVCluster, obs Observation) *resource.Quantity {
 	return resource.NewQuantity(quota>>20<<20, resource.BinarySI)
 }
 
+// FreeSpace is the next step of freeing space after etcd raised the NOSPACE alarm: compact every
+// revision but the latest, defragment one member at a time (followers first, the leader last),
+// then disarm the alarm once the databases are well below the quota. One step per reconcile,
+// each planned from the sizes the last one left.
+type FreeSpace struct {
+	// Active: the cluster's own NOSPACE alarm is raised and announced, and space is being freed.
+	// Waiting says what freeing waits for: what keeps it from starting, or, while Active, the
+	// compaction reaching every member.
+	Active  bool
+	Waiting string
+	// CompactTo is the revision to compact to first (0: none). A compaction that freed pages
+	// when no defragmentation is planned is observed (Observation.Compacted) and planned again:
+	// the sizes, read before it, cannot say yet what is worth defragmenting, nor that there is
+	// no room.
+	CompactTo int64
+	// Defragment is the member to defragment next, at Endpoint ("": none).
+	Defragment, Endpoint string
+	// Disarm are the NOSPACE alarms to clear: there is room again.
+	Disarm []members.Alarm
+	// Exhausted: compacted and defragmented as far as the operator does, and still no room;
+	// TooLarge are the members it leaves fragmented (see maxOnlineDefragmentBytes).
+	Exhausted bool
+	TooLarge  []string
+}
+
+// maxOnlineDefragmentBytes is the largest database the operator defragments: a member answers
+// nothing while defragmented, its liveness probe included (60 s of failures restart it), and
+// etcd rewrites about 70 MB a second on these machines: 2 GiB takes half that budget.
+const maxOnlineDefragmentBytes = 2 << 30
+
+// worthDefragmenting: at least a MiB of the member's database file is free pages, and either a
+// tenth of it, or enough to bring a file past the space-pressure mark back under it.
+func worthDefragmenting(m members.Member, quota int64) bool {
+	free := m.DBSize - m.DBSizeInUse
+	nearMark := quota * NearQuotaPercent / 100
+	return free >= 1<<20 && (free*10 >= m.DBSize || m.DBSize >= nearMark && m.DBSizeInUse < nearMark)
+}
+
+// planFreeSpace frees space while a NOSPACE alarm of the cluster's own (not a stale one, see
+// staleAlarms) holds a Ready cluster, every member answering: a member that does not could not be
+// defragmented, and would keep its full database. Rollouts, scaling and deletion come first (the
+// phase is not Ready then; the deletion's fence is its own NOSPACE alarm, and is never planned
+// here), and a CORRUPT alarm is a person's to look at. The first step waits for status to say
+// NoSpace, so what happened is announced before what is done.
+func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale []members.Alarm, quota *resource.Quantity) FreeSpace {
+	own := noSpaceAlarms(obs.Cluster, stale)
+	announced := slices.ContainsFunc(kvc.Status.Conditions, func(c metav1.Condition) bool {
+		return c.Type == kvv1.ConditionSpacePressure && (c.Reason == ReasonNoSpace || c.Reason == ReasonSpaceExhausted)
+	})
+	switch {
+	case len(own) == 0:
+		return FreeSpace{}
+	case phase != kvv1.PhaseReady:
+		return FreeSpace{Waiting: fmt.Sprintf("while the cluster is %s", phase)}
+	case slices.ContainsFunc(obs.Cluster.Alarms, func(a members.Alarm) bool { return a.Type != "NOSPACE" }):
+		return FreeSpace{Waiting: "while etcd reports another alarm (CORRUPT: a person's to look at)"}
+	case !obs.membersHealthy(kvc):
+		return FreeSpace{Waiting: "until every member answers"}
+	case !announced || quota == nil || quota.IsZero(): // announced in this reconcile; freed from the next
+		return FreeSpace{}
+	case obs.Compacted: // what is worth defragmenting shows next time
+		return FreeSpace{Active: true}
+	}
+	mark := quota.Value() * NearQuotaPercent / 100
+	room, minInUse := true, int64(math.MaxInt64)
+	for _, m := range obs.Cluster.Members {
+		room = room && m.DBSize < mark
+		minInUse = min(minInUse, m.DBSizeInUse)
+	}
+	if room {
+		return FreeSpace{Active: true, Disarm: own}
+	}
+	step := FreeSpace{Active: true}
+	leader, _ := obs.Cluster.Leader()
+	if leader.Revision > 1 {
+		step.CompactTo = leader.Revision
+	}
+	// Every member holds the same data, so one whose part in use is below the mark shows that a
+	// member still full above it has not applied the compaction yet: wait for it.
+	compacting := func(m members.Member) bool { return m.DBSize >= mark && m.DBSizeInUse >= mark && minInUse < mark }
+	scheme := obs.ClientScheme(kvc)
+	pick := func(m members.Member) bool {
+		ord, ok := specs.OrdinalOfMember(kvc, m.Name)
+		switch {
+		case !ok || !worthDefragmenting(m, quota.Value()):
+			return false
+		case m.DBSize > maxOnlineDefragmentBytes:
+			step.TooLarge = append(step.TooLarge, m.Name)
+			return false
+		}
+		step.Defragment, step.Endpoint = m.Name, specs.MemberClientURL(kvc, scheme, ord)
+		return true
+	}
+	followersPending := false
+	for _, m := range obs.Cluster.Members { // sorted by name
+		if m.ID == leader.ID {
+			continue
+		}
+		if pick(m) {
+			return step
+		}
+		followersPending = followersPending || compacting(m)
+	}
+	switch {
+	case followersPending: // the leader goes last
+		step.Waiting = "for the compaction to reach every member"
+	case pick(leader):
+	case compacting(leader):
+		step.Waiting = "for the compaction to reach every member"
+	default:
+		step.Exhausted = true
+	}
+	return step
+}
+
+// noSpaceAlarms are the cluster's own NOSPACE alarms: not the stale ones.
+func noSpaceAlarms(cluster *members.Cluster, stale []members.Alarm) []members.Alarm {
+	var out []members.Alarm
+	if cluster != nil {
+		for _, a := range cluster.Alarms {
+			if a.Type == "NOSPACE" && !slices.Contains(stale, a) {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
 // setSpacePressure sets the SpacePressure condition from what etcd reports, and returns the
 // events of a change: True with reason NoSpace while a NOSPACE alarm makes the cluster refuse
-// writes, NearQuota while a database is past nearQuotaPercent of the quota. Unchanged while etcd
-// does not answer. Stale alarms (inherited by a restored cluster, disarmed in this reconcile) are
-// no space problem.
-func setSpacePressure(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, obs Observation, stale []members.Alarm, now time.Time) []Event {
+// writes and the operator frees space (SpaceExhausted once freeing found no room), NearQuota
+// while a database is past NearQuotaPercent of the quota. Unchanged while etcd does not answer.
+// Stale alarms (inherited by a restored cluster, disarmed in this reconcile) are no space problem.
+func setSpacePressure(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, obs Observation, stale []members.Alarm, free FreeSpace, now time.Time) []Event {
 	if obs.Cluster == nil || !obs.Cluster.HasLeader {
 		return nil
 	}
-	status, reason, message := false, ReasonSpaceAvailable, fmt.Sprintf("every member's database is below %d%% of the quota", nearQuotaPercent)
+	status, reason, message := false, ReasonSpaceAvailable, fmt.Sprintf("every member's database is below %d%% of the quota", NearQuotaPercent)
 	var noSpace []string
-	for _, a := range obs.Cluster.Alarms {
-		if a.Type == "NOSPACE" && !slices.Contains(stale, a) {
-			noSpace = append(noSpace, memberName(kvc, obs.Cluster, a.MemberID))
-		}
+	for _, a := range noSpaceAlarms(obs.Cluster, stale) {
+		noSpace = append(noSpace, memberName(kvc, obs.Cluster, a.MemberID))
 	}
 	// Judged on the sizes status shows, which a member that does not answer now (restarting)
 	// keeps from when it last did: the condition must not clear while it is away.
 	var near []string
 	for _, m := range st.Members {
-		if quota := st.BackendQuota; m.DBSize != nil && quota != nil && !quota.IsZero() && m.DBSize.Value()*100 >= quota.Value()*nearQuotaPercent {
+		if quota := st.BackendQuota; m.DBSize != nil && quota != nil && !quota.IsZero() && m.DBSize.Value()*100 >= quota.Value()*NearQuotaPercent {
 			near = append(near, fmt.Sprintf("%s %s of %s", m.Name, m.DBSize, quota))
 		}
 	}
 	switch {
+	case len(noSpace) > 0 && free.Exhausted:
+		status, reason = true, ReasonSpaceExhausted
+		message = fmt.Sprintf("etcd raised the NOSPACE alarm (%s) and the cluster refuses writes (reads and deletes still work). "+
+			"The operator compacted every old revision away and defragmented the members worth it, and databases still fill %d%% of the quota or more (%s)",
+			strings.Join(noSpace, ", "), NearQuotaPercent, strings.Join(near, ", "))
+		if len(free.TooLarge) > 0 {
+			message += fmt.Sprintf("; it does not defragment %s: larger than %d GiB, which a member cannot rewrite before its liveness probe restarts it",
+				strings.Join(free.TooLarge, ", "), maxOnlineDefragmentBytes>>30)
+		}
+		message += ". Delete keys that are no longer needed (the operator then frees the space and disarms the alarm), or restore a backup into " +
+			"a new KVCluster with a larger storage.size (the quota is 60% of it)"
 	case len(noSpace) > 0:
 		status, reason = true, ReasonNoSpace
 		message = fmt.Sprintf("etcd raised the NOSPACE alarm (%s): a database reached the quota and the cluster refuses writes "+
-			"(reads and deletes still work). Free space: compact (etcdctl compact <revision>), defragment every member "+
-			"(etcdctl defrag), then disarm (etcdctl alarm disarm); or delete data", strings.Join(noSpace, ", "))
+			"(reads and deletes still work). The operator frees space: it compacts every old revision away, defragments "+
+			"one member at a time, then disarms the alarm", strings.Join(noSpace, ", "))
+		if free.Waiting != "" {
+			message += "; it waits " + free.Waiting
+		}
 	case len(near) > 0:
 		status, reason = true, ReasonNearQuota
 		message = fmt.Sprintf("databases at %d%% of the quota or more: %s; at the quota etcd refuses writes. Compact and defragment, or delete data",
-			nearQuotaPercent, strings.Join(near, ", "))
+			NearQuotaPercent, strings.Join(near, ", "))
 	}
 	prev := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionSpacePressure)
 	SetCondition(st, kvc, kvv1.ConditionSpacePressure, status, reason, message, now)
@@ -114,4 +256,13 @@ func memberName(kvc *kvv1.KVCluster, cluster *members.Cluster, id uint64) string
 		}
 	}
 	return fmt.Sprintf("member %x", id)
+}
+
+// quotaOf is the quota the members report, or, before any has (or from a version that does not
+// say), the one the operator gives them.
+func quotaOf(kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) *resource.Quantity {
+	if st.BackendQuota != nil {
+		return st.BackendQuota
+	}
+	return resource.NewQuantity(specs.QuotaBackendBytes(specs.StorageSize(kvc)), resource.BinarySI)
 }

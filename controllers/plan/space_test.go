@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -94,6 +95,9 @@ func TestSpacePressure(t *testing.T) {
 			if ready := meta.FindStatusCondition(p.Status.Conditions, kvv1.ConditionReady); ready == nil || ready.Reason != tt.wantReady {
 				t.Errorf("Ready = %+v, want reason %s", ready, tt.wantReady)
 			}
+			if tt.want == metav1.ConditionTrue && p.RequeueAfter > pollWhileProgressing {
+				t.Errorf("looks again after %s; under space pressure, want every %s", p.RequeueAfter, pollWhileProgressing)
+			}
 		})
 	}
 }
@@ -132,5 +136,139 @@ func TestMemberStatusShowsSpace(t *testing.T) {
 	s.obs.Cluster, s.obs.EtcdErr = nil, members.ErrNoQuorum
 	if m := Make(s.kvc, s.obs, t0, Config{}).Status.Members[2]; len(m.Alarms) != 0 || m.DBSize.String() != "30Mi" {
 		t.Errorf("etcd not answering: %+v, want no alarms and the last sizes", m)
+	}
+}
+
+// noSpace is sized (MiB) with the NOSPACE alarm etcd raised for member kv-1, at revision 900,
+// as the last status announced it.
+func noSpace(sizes ...int64) *scenario {
+	s := sized(sizes...)
+	for i := range s.obs.Cluster.Members {
+		s.member(i).Revision, s.member(i).DBSizeQuota = 900, 100*mib
+	}
+	s.obs.Cluster.Alarms = []members.Alarm{{MemberID: 2, Type: "NOSPACE"}}
+	return s.withSpaceCondition(metav1.ConditionTrue, ReasonNoSpace) // announced by the last reconcile
+}
+
+// defragmented: the database files of the members with these ordinals hold only what they use
+// (MiB), in order.
+func (s *scenario) defragmented(ordinals []int, inUse ...int64) *scenario {
+	for i, size := range inUse {
+		s.member(ordinals[i]).DBSize, s.member(ordinals[i]).DBSizeInUse = size*mib, size*mib
+	}
+	return s
+}
+
+var all = []int{0, 1, 2}
+
+// TestFreeSpace: under its own NOSPACE alarm a Ready cluster whose members all answer is compacted
+// to the latest revision, its members defragmented one at a time (followers first, the leader
+// last, only those with free pages worth it), and the alarm disarmed once every database is below
+// 80% of the quota; with no room even then, the condition says what a person can do. Nothing is
+// done for an inherited alarm, during a rollout, or while a member does not answer.
+func TestFreeSpace(t *testing.T) {
+	tests := []struct {
+		name       string
+		s          *scenario
+		want       string // FreeSpace summarised, see below
+		wantReason string // of SpacePressure
+		wantMsg    string
+	}{
+		{name: "no alarm", s: sized(99, 99, 99), want: "", wantReason: ReasonNearQuota},
+		{name: "the alarm, not announced yet: announced first", s: func() *scenario {
+			s := noSpace(100, 100, 100)
+			s.kvc.Status.Conditions = nil
+			return s
+		}(), want: "", wantReason: ReasonNoSpace},
+		{name: "the alarm: compact, then the first follower", s: noSpace(100, 100, 100), want: "compact 900, defragment kv-1",
+			wantReason: ReasonNoSpace, wantMsg: "compacts every old revision away, defragments one member at a time, then disarms"},
+		{name: "just compacted, nothing worth defragmenting in the sizes read before: no verdict, look again", s: func() *scenario {
+			s := noSpace().defragmented(all, 100, 100, 100)
+			s.obs.Compacted = true
+			return s
+		}(), want: "look again", wantReason: ReasonNoSpace},
+		{name: "then the next follower", s: noSpace(100, 100, 100).defragmented([]int{1}, 2), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "the leader last", s: noSpace(100, 100, 100).defragmented([]int{1, 2}, 2, 2), want: "compact 900, defragment kv-0", wantReason: ReasonNoSpace},
+		{name: "room: disarm, nothing to compact", s: noSpace().defragmented(all, 2, 2, 79), want: "disarm 2", wantReason: ReasonNoSpace},
+		{name: "free pages under a MiB are not worth defragmenting", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 90, 90)
+			s.member(0).DBSize += mib - 1
+			return s
+		}(), want: "compact 900, exhausted", wantReason: ReasonSpaceExhausted},
+		{name: "only the leader has applied the compaction yet: it waits for the followers, and is not defragmented first", s: func() *scenario {
+			s := noSpace().defragmented(all, 99, 99, 99)
+			s.member(0).DBSizeInUse = 2 * mib
+			return s
+		}(), want: "compact 900", wantReason: ReasonNoSpace, wantMsg: "it waits for the compaction to reach every member"},
+		{name: "one follower has applied it: that one", s: func() *scenario {
+			s := noSpace().defragmented(all, 99, 99, 99)
+			s.member(2).DBSizeInUse = 2 * mib
+			return s
+		}(), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "under a tenth free, but enough to pass back under the mark", s: func() *scenario {
+			s := noSpace().defragmented(all, 2, 2, 2)
+			s.member(2).DBSize, s.member(2).DBSizeInUse = 85*mib, 78*mib
+			return s
+		}(), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "no room even then: say what to do", s: noSpace().defragmented(all, 90, 90, 90), want: "compact 900, exhausted",
+			wantReason: ReasonSpaceExhausted, wantMsg: "Delete keys that are no longer needed"},
+		{name: "a database too large to defragment while it serves", s: func() *scenario {
+			s := noSpace()
+			for i := range 3 {
+				s.member(i).DBSizeQuota, s.member(i).DBSize, s.member(i).DBSizeInUse = 8<<30, 7<<30, 1<<30
+			}
+			return s
+		}(), want: "compact 900, exhausted", wantReason: ReasonSpaceExhausted, wantMsg: "it does not defragment kv-1, kv-2, kv-0: larger than 2 GiB"},
+		{name: "a member does not answer: wait", s: func() *scenario {
+			s := noSpace(100, 100, 100)
+			s.member(2).Healthy = false
+			return s
+		}(), want: "", wantReason: ReasonNoSpace, wantMsg: "it waits until every member answers"},
+		{name: "during a rollout: wait", s: noSpace(100, 100, 100).upgradeTo("3.7.4"), want: "", wantReason: ReasonNoSpace, wantMsg: "it waits while the cluster is Upgrading"},
+		{name: "a CORRUPT alarm too: a person's", s: func() *scenario {
+			s := noSpace(100, 100, 100)
+			s.obs.Cluster.Alarms = append(s.obs.Cluster.Alarms, members.Alarm{MemberID: 3, Type: "CORRUPT"})
+			return s
+		}(), want: "", wantReason: ReasonNoSpace, wantMsg: "it waits while etcd reports another alarm"},
+		{name: "an inherited alarm is disarmed as stale, not freed", s: func() *scenario {
+			s := noSpace(100, 100, 100)
+			s.obs.Cluster.Alarms = []members.Alarm{{MemberID: 0x99, Type: "NOSPACE"}}
+			return s
+		}(), want: "", wantReason: ReasonNearQuota},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Make(tt.s.kvc, tt.s.obs, t0, Config{})
+			f := p.FreeSpace
+			var got []string
+			if f.CompactTo > 0 {
+				got = append(got, fmt.Sprintf("compact %d", f.CompactTo))
+			}
+			if f.Defragment != "" {
+				got = append(got, "defragment "+f.Defragment)
+				if !strings.Contains(f.Endpoint, "//"+f.Defragment+".") {
+					t.Errorf("defragments %s at %s", f.Defragment, f.Endpoint)
+				}
+			}
+			for _, a := range f.Disarm {
+				got = append(got, fmt.Sprintf("disarm %x", a.MemberID))
+			}
+			if f.Exhausted {
+				got = append(got, "exhausted")
+			}
+			if f.Active && len(got) == 0 {
+				got = append(got, "look again")
+			}
+			if strings.Join(got, ", ") != tt.want {
+				t.Errorf("free space: %q, want %q", strings.Join(got, ", "), tt.want)
+			}
+			if f.Active != (tt.want != "") {
+				t.Errorf("Active = %v", f.Active)
+			}
+			c := meta.FindStatusCondition(p.Status.Conditions, kvv1.ConditionSpacePressure)
+			if c == nil || c.Reason != tt.wantReason || !strings.Contains(c.Message, tt.wantMsg) {
+				t.Errorf("SpacePressure = %+v, want %s mentioning %q", c, tt.wantReason, tt.wantMsg)
+			}
+		})
 	}
 }

@@ -11,6 +11,8 @@
 //	/switch?endpoints=...  goes on writing through other endpoints (https ones with the client
 //	         certificate in --tls-dir, read now), as an application moving to TLS does
 //	/latency?n=2000  stops writing, then times n sequential 256-byte puts and reports percentiles
+//	/fill?key=...&kib=512  overwrites one key with kib-KiB values until etcd refuses a put (at its
+//	         quota: NOSPACE), filling the database with old revisions, and says how far it got
 package main
 
 import (
@@ -160,6 +162,40 @@ func (w *writer) latency(ctx context.Context, n int) (Latency, error) {
 	return Latency{Puts: n, P50Micros: at(0.50), P90Micros: at(0.90), P99Micros: at(0.99), MaxMicros: took[len(took)-1].Microseconds()}, nil
 }
 
+// Fill is what /fill answers: the puts acknowledged, the number the last acknowledged value
+// starts with, and why the next one was refused.
+type Fill struct {
+	Puts    int    `json:"puts"`
+	Last    string `json:"last"`
+	Refused string `json:"refused"`
+}
+
+// maxFillPuts bounds /fill: a cluster that takes this many puts has no quota worth the name.
+const maxFillPuts = 2000
+
+// fill overwrites key with values of kib KiB, each starting with its number, until etcd refuses
+// one (the writing loop goes on beside it).
+func (w *writer) fill(ctx context.Context, key string, kib int) Fill {
+	w.mu.Lock()
+	cli := w.cli
+	w.mu.Unlock()
+	padding := strings.Repeat("x", kib<<10-16)
+	var f Fill
+	for i := range maxFillPuts {
+		number := fmt.Sprintf("%016d", i)
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := cli.Put(cctx, key, number+padding)
+		cancel()
+		if err != nil {
+			f.Refused = err.Error()
+			return f
+		}
+		f.Puts, f.Last = f.Puts+1, number
+	}
+	f.Refused = fmt.Sprintf("none: %d puts of %d KiB all taken", maxFillPuts, kib)
+	return f
+}
+
 // clientTLS is the writer's TLS configuration for a cluster with TLS (nil without --tls-dir): it
 // reads the cluster's client certificate and CA from dir (the mounted Secret) for every new
 // connection, as an application must for the operator's renewals and CA rotations to reach it.
@@ -292,6 +328,16 @@ func main() {
 		}
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(lat)
+	})
+	http.HandleFunc("/fill", func(rw http.ResponseWriter, r *http.Request) {
+		kib, err := strconv.Atoi(r.URL.Query().Get("kib"))
+		key := r.URL.Query().Get("key")
+		if err != nil || kib < 1 || kib > 1024 || key == "" {
+			http.Error(rw, "key must be set, kib a number of KiB from 1 to 1024", http.StatusBadRequest)
+			return
+		}
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(w.fill(r.Context(), key, kib))
 	})
 	http.HandleFunc("/servercert", func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()

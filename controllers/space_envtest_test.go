@@ -1,0 +1,77 @@
+package controllers
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
+)
+
+// TestNoSpaceIsRecoveredWithoutAPerson: etcd raised NOSPACE on a Ready cluster whose databases are
+// mostly old revisions. Reconcile by reconcile the operator announces it, compacts, defragments
+// the followers and then the leader, and disarms the alarm; status and events say so at each
+// step, and the cluster is Ready again. While it is compacted and defragmented and the data still fills the
+// quota, it disarms nothing and the condition says what a person can do.
+func TestNoSpaceIsRecoveredWithoutAPerson(t *testing.T) {
+	h := newHarness(t)
+	kvc := h.readyCluster(newKVCluster(h.namespace("nospace"), "kv", 3))
+	const mib = 1 << 20
+	full := func(live int64) {
+		h.members.update(func(c *members.Cluster) {
+			for i := range c.Members {
+				m := &c.Members[i]
+				m.Revision, m.DBSize, m.DBSizeInUse, m.DBSizeQuota = 5000, 100*mib, 100*mib, 100*mib
+			}
+			c.Alarms = []members.Alarm{{MemberID: 2, Type: "NOSPACE"}}
+		})
+		h.members.liveBytes = live
+	}
+	full(3 * mib)
+	var calls []string
+	for range 7 {
+		h.reconcile(kvc)
+		calls = append(calls, h.members.takeCalls()...)
+		if got := h.fresh(kvc); len(calls) == 1 && (got.Status.Phase != kvv1.PhaseReady || meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady)) {
+			t.Errorf("while writes are refused: phase %s, Ready %+v; want Ready phase, Ready condition False", got.Status.Phase, meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady))
+		}
+	}
+	want := []string{"compact 5000", "defragment kv-1", "defragment kv-2", "defragment kv-0", "disarm NOSPACE 2"}
+	if !slices.Equal(calls, want) {
+		t.Errorf("etcd calls = %q, want %q", calls, want)
+	}
+	got := h.fresh(kvc)
+	if !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) || meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionSpacePressure) {
+		t.Errorf("after freeing space: %+v", got.Status.Conditions)
+	}
+	ev := drainEvents(h)
+	for _, want := range []string{plan.ReasonNoSpace, plan.EventSpaceCompacted, "MemberDefragmented defragmented kv-1", plan.EventNoSpaceDisarmed, plan.EventSpaceRecovered} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("events lack %q:\n%s", want, ev)
+		}
+	}
+	if strings.Contains(ev, plan.ReasonSpaceExhausted) || strings.Contains(ev, plan.EventFreeSpaceFailed) {
+		t.Errorf("a recovery that went well told of trouble:\n%s", ev)
+	}
+
+	// The data itself fills the quota: compaction frees nothing, defragmentation nothing.
+	full(100 * mib)
+	h.members.compacted = 5000
+	for range 3 {
+		h.reconcile(kvc)
+	}
+	if calls := h.members.takeCalls(); len(calls) != 0 {
+		t.Errorf("etcd calls with no room to make: %q", calls)
+	}
+	c := meta.FindStatusCondition(h.fresh(kvc).Status.Conditions, kvv1.ConditionSpacePressure)
+	if c == nil || c.Reason != plan.ReasonSpaceExhausted || !strings.Contains(c.Message, "Delete keys") {
+		t.Errorf("SpacePressure = %+v, want SpaceExhausted saying what to do", c)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning SpaceExhausted") {
+		t.Errorf("events lack the SpaceExhausted warning:\n%s", ev)
+	}
+}

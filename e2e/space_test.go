@@ -1,0 +1,168 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/e2e-framework/klient/wait"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+	"sigs.k8s.io/e2e-framework/pkg/features"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+)
+
+// fillReport is the writer's answer to /fill.
+type fillReport struct {
+	Puts    int    `json:"puts"`
+	Last    string `json:"last"`
+	Refused string `json:"refused"`
+}
+
+// timeline is the events of an object, oldest first, as "Reason: message" lines.
+func timeline(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, object string) []string {
+	t.Helper()
+	var evs corev1.EventList
+	if err := cfg.Client().Resources(ns).List(ctx, &evs); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortStableFunc(evs.Items, func(a, b corev1.Event) int { return a.EventTime.Compare(b.EventTime.Time) })
+	var out []string
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Name == object {
+			out = append(out, e.Reason+": "+e.Message)
+		}
+	}
+	return out
+}
+
+func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
+	var kvc *kvv1.KVCluster
+	f := features.New("a cluster that filled its quota frees the space and takes writes again by itself").
+		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			ns := envconf.RandomName("kvc-space", 16)
+			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			// The smallest volume: a quota of 60% of 64Mi, filled in seconds.
+			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "full", Namespace: ns},
+				Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("64Mi")}}}
+			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
+				t.Fatal(err)
+			}
+			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+			startWriter(ctx, t, cfg, kvc)
+			return ctx
+		}).
+		Assess("overwriting one key until etcd refuses: compacted, defragmented follower by follower and the leader last, disarmed, no write lost",
+			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+				raw, err := writerGet(ctx, t, cfg, kvc, "fill", "key", "e2e/space/blob", "kib", "512")
+				if err != nil {
+					t.Fatalf("fill: %v: %s", err, raw)
+				}
+				var fill fillReport
+				if err := json.Unmarshal(raw, &fill); err != nil {
+					t.Fatal(err)
+				}
+				filled := time.Now()
+				t.Logf("filled with %d puts of 512 KiB; refused: %s", fill.Puts, fill.Refused)
+				if !strings.Contains(fill.Refused, "database space exceeded") {
+					t.Fatalf("the fill ended without NOSPACE: %+v", fill)
+				}
+				before := writerAsk(ctx, t, cfg, kvc, "report")
+
+				var sawNoSpace bool
+				var seen string
+				err = wait.For(func(ctx context.Context) (bool, error) {
+					k := get(ctx, t, cfg, kvc)
+					c := meta.FindStatusCondition(k.Status.Conditions, kvv1.ConditionSpacePressure)
+					if c != nil && c.Reason == "NoSpace" {
+						sawNoSpace = true
+					}
+					// What a user watching status sees on the way, each change once.
+					now := ""
+					if c != nil {
+						now = c.Reason
+					}
+					for _, m := range k.Status.Members {
+						now += fmt.Sprintf(" %s:%v/%v%v", m.Name, m.DBSize, m.DBSizeInUse, m.Alarms)
+						if m.Leader {
+							now += "(leader)"
+						}
+					}
+					if now != seen {
+						t.Logf("%5.1fs %s", time.Since(filled).Seconds(), now)
+						seen = now
+					}
+					return meta.IsStatusConditionTrue(k.Status.Conditions, kvv1.ConditionReady) &&
+						meta.IsStatusConditionFalse(k.Status.Conditions, kvv1.ConditionSpacePressure) &&
+						writerAsk(ctx, t, cfg, kvc, "report").Acknowledged > before.Acknowledged+10, nil
+				}, wait.WithTimeout(3*time.Minute), wait.WithInterval(time.Second))
+				got := get(ctx, t, cfg, kvc)
+				events := timeline(ctx, t, cfg, kvc.Namespace, kvc.Name)
+				if err != nil {
+					t.Fatalf("not recovered: %v\nconditions %+v\nevents:\n%s", err, got.Status.Conditions, strings.Join(events, "\n"))
+				}
+				rep := writerAsk(ctx, t, cfg, kvc, "report")
+				t.Logf("writes taken again %s after the fill was refused; the writer went %d ms without a write; NOSPACE seen in status: %v",
+					time.Since(filled).Round(time.Second), rep.LongestUnavailableMillis, sawNoSpace)
+
+				var steps []string
+				for _, e := range events {
+					reason, _, _ := strings.Cut(e, ": ")
+					switch reason {
+					case "NoSpace", "SpaceExhausted", "SpaceCompacted", "NoSpaceDisarmed", "SpaceRecovered":
+						steps = append(steps, reason)
+					case "MemberDefragmented":
+						name, _, _ := strings.Cut(strings.TrimPrefix(e, "MemberDefragmented: defragmented "), " ")
+						steps = append(steps, "defragmented "+name)
+					case "FreeSpaceFailed":
+						t.Errorf("a step failed: %s", e)
+					}
+				}
+				t.Logf("events:\n%s", strings.Join(events, "\n"))
+				t.Logf("steps: %s", strings.Join(steps, ", "))
+				_, _, leader := votingMembers(got) // defragmenting the leader does not move leadership
+				// The followers in the order they applied the compaction, the leader after them.
+				want := []string{"NoSpace", "SpaceCompacted", "a follower", "a follower", "defragmented " + leader, "NoSpaceDisarmed", "SpaceRecovered"}
+				var saw []string
+				for i, step := range steps {
+					if i < len(want) && want[i] == "a follower" && strings.HasPrefix(step, "defragmented ") && step != "defragmented "+leader && !slices.Contains(saw, step) {
+						saw = append(saw, step)
+						step = "a follower"
+					}
+					steps[i] = step
+				}
+				if !slices.Equal(steps, want) {
+					t.Errorf("steps %q, want %q (the leader: %s)", steps, want, leader)
+				}
+				for _, m := range got.Status.Members {
+					if m.DBSize == nil || got.Status.BackendQuota == nil || m.DBSize.Value()*100 >= got.Status.BackendQuota.Value()*80 || len(m.Alarms) != 0 {
+						t.Errorf("member %s after recovery: %v of %v, alarms %v", m.Name, m.DBSize, got.Status.BackendQuota, m.Alarms)
+					}
+				}
+				value := etcdctl(ctx, t, cfg, kvc, "full-0", "get", "e2e/space/blob", "--print-value-only")
+				if !strings.HasPrefix(value, fill.Last) {
+					t.Errorf("the last acknowledged value of the key (number %s) was not kept: starts %.16q", fill.Last, value)
+				}
+				if rep := writerAsk(ctx, t, cfg, kvc, "stop"); !rep.Checked || len(rep.Missing) > 0 {
+					t.Errorf("acknowledged writes missing after compaction: %+v", rep)
+				}
+				return ctx
+			}).
+		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
