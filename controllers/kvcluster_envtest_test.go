@@ -510,6 +510,23 @@ func TestPermissionsSufficeWhereOwnerReferencesAreEnforced(t *testing.T) {
 
 // TestAdmissionRejectsUnworkableSpecs: manifests the API server used to admit although nothing
 // could run them, or that point outside the backup destination.
+// withQuota sets spec.space.backendQuota, and storage.size unless empty.
+func withQuota(quota, size string) func(*kvv1.KVCluster) {
+	return func(k *kvv1.KVCluster) {
+		q := resource.MustParse(quota)
+		k.Spec.Space.BackendQuota = &q
+		if size != "" {
+			k.Spec.Storage.Size = resource.MustParse(size)
+		}
+	}
+}
+
+func withCompaction(mode kvv1.AutoCompactionMode, retention string) func(*kvv1.KVCluster) {
+	return func(k *kvv1.KVCluster) {
+		k.Spec.Space.AutoCompaction = kvv1.AutoCompactionSpec{Mode: mode, Retention: retention}
+	}
+}
+
 func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 	h := newHarness(t)
 	ns := h.namespace("unworkable")
@@ -550,6 +567,16 @@ func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 		{name: "repository with a digest", mutate: func(k *kvv1.KVCluster) { k.Spec.Repository = "registry.example.com/etcd@sha256:abc" },
 			wantErr: "spec.repository"},
 		{name: "ok: repository on a registry port", mutate: func(k *kvv1.KVCluster) { k.Spec.Repository = "registry.example.com:5000/etcd" }},
+		{name: "quota under 16Mi", mutate: withQuota("8Mi", ""), wantErr: "space.backendQuota must be from 16Mi to 8Gi"},
+		{name: "quota over 8Gi", mutate: withQuota("9Gi", "100Gi"), wantErr: "space.backendQuota must be from 16Mi to 8Gi"},
+		{name: "quota over 80% of the volume", mutate: withQuota("900Mi", "1Gi"), wantErr: "at most 80% of storage.size"},
+		{name: "quota over 80% of the default volume", mutate: withQuota("900Mi", ""), wantErr: "at most 80% of storage.size"},
+		{name: "ok: quota of 80% of the volume", mutate: withQuota("800Mi", "1000Mi")},
+		{name: "periodic retention that is no duration", mutate: withCompaction(kvv1.AutoCompactionPeriodic, "1000"), wantErr: "a duration such as 30m"},
+		{name: "revision retention that is no number", mutate: withCompaction(kvv1.AutoCompactionRevision, "1h"), wantErr: "a number of revisions"},
+		{name: "unknown compaction mode", mutate: withCompaction("Hourly", ""), wantErr: "spec.space.autoCompaction.mode"},
+		{name: "ok: periodic, 90 minutes", mutate: withCompaction(kvv1.AutoCompactionPeriodic, "1h30m")},
+		{name: "ok: by revision, default retention", mutate: withCompaction(kvv1.AutoCompactionRevision, "")},
 		{name: "S3 prefix climbing out", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Prefix = "team/../other-team" },
 			wantErr: "prefix must not contain '.' or '..' path segments"},
 		{name: "restore key climbing out", mutate: func(k *kvv1.KVCluster) {

@@ -16,6 +16,8 @@ import (
 func ForKind(kind schema.GroupVersionKind) interface{} {
 	switch kind {
 	// Group=kvcluster.io, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithKind("AutoCompactionSpec"):
+		return &apisv1alpha1.AutoCompactionSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupRecord"):
 		return &apisv1alpha1.BackupRecordApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupRetention"):
@@ -48,6 +50,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.RestoreSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("S3Destination"):
 		return &apisv1alpha1.S3DestinationApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SpaceSpec"):
+		return &apisv1alpha1.SpaceSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StorageSpec"):
 		return &apisv1alpha1.StorageSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TLSSecretNames"):

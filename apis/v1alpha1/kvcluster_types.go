@@ -12,6 +12,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup (s3 or pvc): where the backups go"
 // +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
 // +kubebuilder:validation:XValidation:rule="(has(self.tls) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') || (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') == 'Disabled'",message="tls.mode can change only from plaintext to TLS (Operator or Secrets: the members move one at a time, clients keep working); moving back to plaintext, or between Operator and Secrets, is not supported yet"
+// +kubebuilder:validation:XValidation:rule="!has(self.space) || !has(self.space.backendQuota) || quantity(string(self.space.backendQuota)).asApproximateFloat() <= quantity(has(self.storage) && has(self.storage.size) ? string(self.storage.size) : '1Gi').asApproximateFloat() * 0.8",message="space.backendQuota may be at most 80% of storage.size: the rest holds the write-ahead log, snapshots and the copy a defragmentation writes"
 type KVClusterSpec struct {
 	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
 	// etcd 3.6 and later are supported. Changing it starts a rolling upgrade, one member at a time.
@@ -102,6 +103,12 @@ type KVClusterSpec struct {
 	// +optional
 	// +kubebuilder:default={}
 	Storage StorageSpec `json:"storage,omitzero"`
+
+	// Space is how large each member's database may grow and how much history etcd keeps. A
+	// change restarts the members one at a time.
+	//
+	// +optional
+	Space SpaceSpec `json:"space,omitzero"`
 
 	// Resources are the compute resources of each etcd member's container.
 	//
@@ -628,6 +635,54 @@ type StorageSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
 	StorageClassName string `json:"storageClassName,omitempty"`
+}
+
+// SpaceSpec is how large each member's database may grow and how much history etcd keeps.
+type SpaceSpec struct {
+	// BackendQuota is the size of a member's database file at which etcd raises its NOSPACE alarm
+	// and the whole cluster refuses writes (the operator then frees space: see the README's
+	// "Running out of space"). Default: 60% of storage.size, at most 8Gi.
+	//
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('16Mi')) >= 0 && quantity(string(self)).compareTo(quantity('8Gi')) <= 0",message="space.backendQuota must be from 16Mi to 8Gi (etcd's largest recommended database)"
+	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
+
+	// AutoCompaction is how much history each member keeps: older revisions are compacted away
+	// (their space is reused, the file does not shrink). Default: Periodic, one hour.
+	//
+	// +optional
+	AutoCompaction AutoCompactionSpec `json:"autoCompaction,omitzero"`
+}
+
+// AutoCompactionMode says what an auto-compaction retention counts.
+//
+// +kubebuilder:validation:Enum=Periodic;Revision
+type AutoCompactionMode string
+
+const (
+	// AutoCompactionPeriodic keeps the history of the last retention (a duration).
+	AutoCompactionPeriodic AutoCompactionMode = "Periodic"
+	// AutoCompactionRevision keeps the last retention revisions.
+	AutoCompactionRevision AutoCompactionMode = "Revision"
+)
+
+// AutoCompactionSpec is etcd's auto-compaction.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.retention) || (self.mode == 'Revision' ? self.retention.matches('^[1-9][0-9]{0,15}$') : self.retention.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$'))",message="autoCompaction.retention must be a duration such as 30m or 1h for mode Periodic, a number of revisions such as 10000 for mode Revision"
+type AutoCompactionSpec struct {
+	// Mode is Periodic (keep the history of the last retention, a duration) or Revision (keep the
+	// last retention revisions).
+	//
+	// +optional
+	// +kubebuilder:default=Periodic
+	Mode AutoCompactionMode `json:"mode,omitempty"`
+
+	// Retention is a duration (Periodic, default 1h) or a number of revisions (Revision, default
+	// 10000).
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Retention string `json:"retention,omitempty"`
 }
 
 // Phase is the coarse lifecycle state of a KVCluster.

@@ -214,8 +214,8 @@ func setSpacePressure(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, obs Observa
 			message += fmt.Sprintf("; it does not defragment %s: larger than %d GiB, which a member cannot rewrite before its liveness probe restarts it",
 				strings.Join(free.TooLarge, ", "), maxOnlineDefragmentBytes>>30)
 		}
-		message += ". Delete keys that are no longer needed (the operator then frees the space and disarms the alarm), or restore a backup into " +
-			"a new KVCluster with a larger storage.size (the quota is 60% of it)"
+		message += ". Delete keys that are no longer needed (the operator then frees the space and disarms the alarm), raise " +
+			"spec.space.backendQuota if storage.size leaves room (up to 80% of it), or restore a backup into a new KVCluster with a larger storage.size"
 	case len(noSpace) > 0:
 		status, reason = true, ReasonNoSpace
 		message = fmt.Sprintf("etcd raised the NOSPACE alarm (%s): a database reached the quota and the cluster refuses writes "+
@@ -264,5 +264,5 @@ func quotaOf(kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) *resource.Quantity {
 	if st.BackendQuota != nil {
 		return st.BackendQuota
 	}
-	return resource.NewQuantity(specs.QuotaBackendBytes(specs.StorageSize(kvc)), resource.BinarySI)
+	return resource.NewQuantity(specs.QuotaBackendBytes(kvc), resource.BinarySI)
 }

@@ -70,20 +70,37 @@ func TestPodDisruptionBudgetKeepsQuorum(t *testing.T) {
 	}
 }
 
-func TestQuotaBackendBytes(t *testing.T) {
+// TestSpaceFlags: the quota is spec.space.backendQuota, else 60% of the volume (at most 8 GiB);
+// auto-compaction keeps an hour of history unless the spec says otherwise.
+func TestSpaceFlags(t *testing.T) {
 	tests := []struct {
-		size string
-		want int64
+		name, size, quota string
+		compaction        kvv1.AutoCompactionSpec
+		want              string
 	}{
-		{"1Gi", (1 << 30) * 6 / 10},
-		{"64Mi", (64 << 20) * 6 / 10},
-		{"10Gi", (10 << 30) * 6 / 10},
-		{"100Gi", 8 << 30}, // capped at etcd's recommended maximum
+		{name: "defaults: 60% of 1Gi, an hour", size: "1Gi",
+			want: fmt.Sprintf("--quota-backend-bytes=%d --auto-compaction-mode=periodic --auto-compaction-retention=1h", (1<<30)*6/10)},
+		{name: "60% of the smallest volume", size: "64Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", (64<<20)*6/10)},
+		{name: "capped at etcd's recommended maximum", size: "100Gi", want: fmt.Sprintf("--quota-backend-bytes=%d", 8<<30)},
+		{name: "the spec's quota", size: "64Mi", quota: "24Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 24<<20)},
+		{name: "periodic, the spec's retention", size: "1Gi", compaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionPeriodic, Retention: "30m"},
+			want: "--auto-compaction-mode=periodic --auto-compaction-retention=30m"},
+		{name: "by revision, default retention", size: "1Gi", compaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionRevision},
+			want: "--auto-compaction-mode=revision --auto-compaction-retention=10000"},
 	}
 	for _, tt := range tests {
-		if got := QuotaBackendBytes(resource.MustParse(tt.size)); got != tt.want {
-			t.Errorf("QuotaBackendBytes(%s) = %d, want %d", tt.size, got, tt.want)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "kv", Namespace: "ns"}}
+			kvc.Spec.Storage.Size = resource.MustParse(tt.size)
+			if tt.quota != "" {
+				q := resource.MustParse(tt.quota)
+				kvc.Spec.Space.BackendQuota = &q
+			}
+			kvc.Spec.Space.AutoCompaction = tt.compaction
+			if args := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc)), " "); !strings.Contains(args, tt.want) {
+				t.Errorf("etcd args %q lack %q", args, tt.want)
+			}
+		})
 	}
 }
 

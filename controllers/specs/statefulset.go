@@ -1,6 +1,7 @@
 package specs
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 
@@ -23,10 +24,24 @@ const (
 	maxQuotaBytes = 8 << 30
 )
 
-// QuotaBackendBytes keeps etcd's database quota below the volume size (60%), so etcd raises its
-// NOSPACE alarm and refuses writes before the disk itself fills up and the WAL cannot be written.
-func QuotaBackendBytes(size resource.Quantity) int64 {
+// QuotaBackendBytes is the cluster's spec.space.backendQuota, by default 60% of the volume (at
+// most 8 GiB): etcd raises its NOSPACE alarm and refuses writes before the disk itself fills up
+// and the WAL cannot be written.
+func QuotaBackendBytes(kvc *kvv1.KVCluster) int64 {
+	if q := kvc.Spec.Space.BackendQuota; q != nil {
+		return q.Value()
+	}
+	size := StorageSize(kvc)
 	return min(size.Value()*6/10, maxQuotaBytes)
+}
+
+// autoCompaction is the cluster's etcd auto-compaction mode and retention, defaults filled in.
+func autoCompaction(kvc *kvv1.KVCluster) (mode, retention string) {
+	ac := kvc.Spec.Space.AutoCompaction
+	if ac.Mode == kvv1.AutoCompactionRevision {
+		return "revision", cmp.Or(ac.Retention, "10000")
+	}
+	return "periodic", cmp.Or(ac.Retention, "1h")
 }
 
 // Images are the images members run: etcd from EtcdRepository (unless the cluster names its own),
@@ -176,11 +191,11 @@ func EtcdArgs(kvc *kvv1.KVCluster, t Transport) []string {
 		"--advertise-client-urls=" + t.clientURLs(self),
 		"--initial-advertise-peer-urls=" + t.peerURL(self),
 		"--initial-cluster-token=" + clusterToken(kvc),
-		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(StorageSize(kvc)), 10),
-		// Keep one hour of history, so the database does not grow without bound.
-		"--auto-compaction-mode=periodic",
-		"--auto-compaction-retention=1h",
+		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(kvc), 10),
 	}
+	// Old history is compacted away, so the database does not grow without bound.
+	mode, retention := autoCompaction(kvc)
+	args = append(args, "--auto-compaction-mode="+mode, "--auto-compaction-retention="+retention)
 	return append(args, etcdTLSArgs(t)...)
 }
 

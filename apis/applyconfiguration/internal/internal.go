@@ -23,6 +23,18 @@ func Parser() *typed.Parser {
 var parserOnce sync.Once
 var parser *typed.Parser
 var schemaYAML = typed.YAMLObject(`types:
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.AutoCompactionMode
+  scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.AutoCompactionSpec
+  map:
+    fields:
+    - name: mode
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.AutoCompactionMode
+      default: Periodic
+    - name: retention
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRecord
   map:
     fields:
@@ -257,6 +269,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: restore
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.RestoreSpec
+    - name: space
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.SpaceSpec
     - name: storage
       type:
         namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.StorageSpec
@@ -442,6 +457,15 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: string
       default: us-east-1
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.SpaceSpec
+  map:
+    fields:
+    - name: autoCompaction
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.AutoCompactionSpec
+    - name: backendQuota
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.StorageSpec
   map:
     fields:

@@ -58,6 +58,9 @@ type KVClusterSpecApplyConfiguration struct {
 	Repository *string `json:"repository,omitempty"`
 	// Storage is the persistent volume each member keeps its data on.
 	Storage *StorageSpecApplyConfiguration `json:"storage,omitempty"`
+	// Space is how large each member's database may grow and how much history etcd keeps. A
+	// change restarts the members one at a time.
+	Space *SpaceSpecApplyConfiguration `json:"space,omitempty"`
 	// Resources are the compute resources of each etcd member's container.
 	Resources *v1.ResourceRequirements `json:"resources,omitempty"`
 	// ProgressDeadlineSeconds is how long creation (or recovery of a lost quorum) may make no
@@ -148,6 +151,14 @@ func (b *KVClusterSpecApplyConfiguration) WithRepository(value string) *KVCluste
 // If called multiple times, the Storage field is set to the value of the last call.
 func (b *KVClusterSpecApplyConfiguration) WithStorage(value *StorageSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
 	b.Storage = value
+	return b
+}
+
+// WithSpace sets the Space field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Space field is set to the value of the last call.
+func (b *KVClusterSpecApplyConfiguration) WithSpace(value *SpaceSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
+	b.Space = value
 	return b
 }
 
