@@ -12,7 +12,8 @@
 //	         certificate in --tls-dir, read now), as an application moving to TLS does
 //	/latency?n=2000  stops writing, then times n sequential 256-byte puts and reports percentiles
 //	/fill?key=...&kib=512  overwrites one key with kib-KiB values until etcd refuses a put (at its
-//	         quota: NOSPACE), filling the database with old revisions, and says how far it got
+//	         quota: NOSPACE), filling the database with old revisions, and says how far it got;
+//	         &distinct=true writes key/000000, key/000001, ... instead: data that compaction cannot free
 package main
 
 import (
@@ -173,9 +174,9 @@ type Fill struct {
 // maxFillPuts bounds /fill: a cluster that takes this many puts has no quota worth the name.
 const maxFillPuts = 2000
 
-// fill overwrites key with values of kib KiB, each starting with its number, until etcd refuses
-// one (the writing loop goes on beside it).
-func (w *writer) fill(ctx context.Context, key string, kib int) Fill {
+// fill overwrites key (or, distinct, writes one key after another under it) with values of kib
+// KiB, each starting with its number, until etcd refuses one (the writing loop goes on beside it).
+func (w *writer) fill(ctx context.Context, key string, kib int, distinct bool) Fill {
 	w.mu.Lock()
 	cli := w.cli
 	w.mu.Unlock()
@@ -184,7 +185,11 @@ func (w *writer) fill(ctx context.Context, key string, kib int) Fill {
 	for i := range maxFillPuts {
 		number := fmt.Sprintf("%016d", i)
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := cli.Put(cctx, key, number+padding)
+		k := key
+		if distinct {
+			k = fmt.Sprintf("%s/%06d", key, i)
+		}
+		_, err := cli.Put(cctx, k, number+padding)
 		cancel()
 		if err != nil {
 			f.Refused = err.Error()
@@ -337,7 +342,7 @@ func main() {
 			return
 		}
 		rw.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(rw).Encode(w.fill(r.Context(), key, kib))
+		_ = json.NewEncoder(rw).Encode(w.fill(r.Context(), key, kib, r.URL.Query().Get("distinct") == "true"))
 	})
 	http.HandleFunc("/servercert", func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
