@@ -668,7 +668,7 @@ const (
 
 // AutoCompactionSpec is etcd's auto-compaction.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.retention) || (self.mode == 'Revision' ? self.retention.matches('^[1-9][0-9]{0,15}$') : self.retention.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$'))",message="autoCompaction.retention must be a duration such as 30m or 1h for mode Periodic, a number of revisions such as 10000 for mode Revision"
+// +kubebuilder:validation:XValidation:rule="!has(self.retention) || (self.mode == 'Revision' ? self.retention.matches('^[1-9][0-9]{0,15}$') : self.retention.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$') && duration(self.retention) >= duration('1m') && duration(self.retention) <= duration('8760h'))",message="autoCompaction.retention must be a duration from 1m to 8760h (a year) such as 30m or 1h for mode Periodic (etcd reads 0 as no compaction at all), a number of revisions such as 10000 for mode Revision"
 type AutoCompactionSpec struct {
 	// Mode is Periodic (keep the history of the last retention, a duration) or Revision (keep the
 	// last retention revisions).

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
@@ -85,11 +84,12 @@ type FreeSpace struct {
 const maxOnlineDefragmentBytes = 2 << 30
 
 // worthDefragmenting: at least a MiB of the member's database file is free pages, and either a
-// tenth of it, or enough to bring a file past the space-pressure mark back under it.
-func worthDefragmenting(m members.Member, quota int64) bool {
+// tenth of it, or enough to bring a file past the space-pressure mark back under it, or the file
+// is past the mark while another member holds the same data under it (a defragmentation packs
+// pages fuller than a long-written file has them).
+func worthDefragmenting(m members.Member, mark, minInUse int64) bool {
 	free := m.DBSize - m.DBSizeInUse
-	nearMark := quota * NearQuotaPercent / 100
-	return free >= 1<<20 && (free*10 >= m.DBSize || m.DBSize >= nearMark && m.DBSizeInUse < nearMark)
+	return free >= 1<<20 && (free*10 >= m.DBSize || m.DBSize >= mark && (m.DBSizeInUse < mark || minInUse < mark))
 }
 
 // planFreeSpace frees space while a NOSPACE alarm of the cluster's own (not a stale one, see
@@ -100,9 +100,8 @@ func worthDefragmenting(m members.Member, quota int64) bool {
 // NoSpace, so what happened is announced before what is done.
 func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale []members.Alarm, quota *resource.Quantity) FreeSpace {
 	own := noSpaceAlarms(obs.Cluster, stale)
-	announced := slices.ContainsFunc(kvc.Status.Conditions, func(c metav1.Condition) bool {
-		return c.Type == kvv1.ConditionSpacePressure && (c.Reason == ReasonNoSpace || c.Reason == ReasonSpaceExhausted)
-	})
+	said := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionSpacePressure)
+	announced := said != nil && (said.Reason == ReasonNoSpace || said.Reason == ReasonSpaceExhausted)
 	switch {
 	case len(own) == 0:
 		return FreeSpace{}
@@ -114,8 +113,8 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 		return FreeSpace{Waiting: "until every member answers"}
 	case !announced || quota == nil || quota.IsZero(): // announced in this reconcile; freed from the next
 		return FreeSpace{}
-	case obs.Compacted: // what is worth defragmenting shows next time
-		return FreeSpace{Active: true}
+	case obs.Compacted: // what is worth defragmenting shows next time; the verdict stands till then
+		return FreeSpace{Active: true, Exhausted: said.Reason == ReasonSpaceExhausted}
 	}
 	mark := quota.Value() * NearQuotaPercent / 100
 	room, minInUse := true, int64(math.MaxInt64)
@@ -131,14 +130,15 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 	if leader.Revision > 1 {
 		step.CompactTo = leader.Revision
 	}
-	// Every member holds the same data, so one whose part in use is below the mark shows that a
-	// member still full above it has not applied the compaction yet: wait for it.
-	compacting := func(m members.Member) bool { return m.DBSize >= mark && m.DBSizeInUse >= mark && minInUse < mark }
+	// Every member holds the same data: one past the mark, while another holds it under, shows
+	// the compaction seconds after it (each member frees the pages on its own). With free pages to
+	// show for it, it is worth defragmenting (again later if need be); without, it is waited for.
+	compacting := func(m members.Member) bool { return m.DBSizeInUse >= mark && minInUse < mark }
 	scheme := obs.ClientScheme(kvc)
 	pick := func(m members.Member) bool {
 		ord, ok := specs.OrdinalOfMember(kvc, m.Name)
 		switch {
-		case !ok || !worthDefragmenting(m, quota.Value()):
+		case !ok || !worthDefragmenting(m, mark, minInUse):
 			return false
 		case m.DBSize > maxOnlineDefragmentBytes:
 			step.TooLarge = append(step.TooLarge, m.Name)

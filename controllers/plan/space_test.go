@@ -200,6 +200,24 @@ func TestFreeSpace(t *testing.T) {
 			s.member(0).DBSizeInUse = 2 * mib
 			return s
 		}(), want: "compact 900", wantReason: ReasonNoSpace, wantMsg: "it waits for the compaction to reach every member"},
+		{name: "a follower shows the compaction late, with some free pages: defragmented in its turn", s: func() *scenario {
+			s := noSpace().defragmented(all, 99, 99, 99)
+			s.member(0).DBSizeInUse = 2 * mib
+			s.member(1).DBSizeInUse = 90 * mib
+			return s
+		}(), want: "compact 900, defragment kv-1", wantReason: ReasonNoSpace},
+		{name: "packed looser than a defragmented member, past the mark: defragmented, not waited for", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 78, 90)
+			s.member(0).DBSizeInUse, s.member(2).DBSizeInUse = 85*mib, 85*mib
+			return s
+		}(), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "exhausted, and a compaction of newer revisions: still exhausted until the sizes show more", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 90, 90)
+			s.kvc.Status.Conditions = nil
+			s.withSpaceCondition(metav1.ConditionTrue, ReasonSpaceExhausted)
+			s.obs.Compacted = true
+			return s
+		}(), want: "exhausted", wantReason: ReasonSpaceExhausted},
 		{name: "one follower has applied it: that one", s: func() *scenario {
 			s := noSpace().defragmented(all, 99, 99, 99)
 			s.member(2).DBSizeInUse = 2 * mib
