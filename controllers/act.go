@@ -66,8 +66,8 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	if disarmed := r.disarm(ctx, kvc, etcd, p.Disarm, p.Endpoints); disarmed {
 		acted = true
 	}
-	if freed, compacted := r.freeSpace(ctx, kvc, etcd, p.FreeSpace, p.Endpoints); compacted {
-		obs.Compacted, acted = true, true
+	if compacted, defragmented, freed := r.freeSpace(ctx, kvc, etcd, p.FreeSpace, p.Endpoints); compacted > 0 || defragmented != "" {
+		obs.Compacted, obs.Defragmented, acted = compacted, defragmented, true
 		p = plan.Make(kvc, obs, now, r.planConfig())
 	} else if freed {
 		acted = true
@@ -476,18 +476,18 @@ func (r *KVClusterReconciler) disarm(ctx context.Context, kvc *kvv1.KVCluster, e
 	return len(alarms) > 0
 }
 
-// freeSpace takes the plan's step of freeing space under a NOSPACE alarm, in its order:
-// compaction first, then one member's defragmentation, or disarming the alarm. It reports whether
-// it changed anything, and whether it compacted with nothing planned after it: then the cluster is
-// planned again with that outcome (see plan.FreeSpace). Compacting afresh each time the revision
-// moved must not hold back a planned defragmentation. A step etcd refuses is announced and planned
-// again next time.
-func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster, etcd members.Client, step plan.FreeSpace, endpoints []string) (freed, compactedOnly bool) {
-	failed := func(what string, err error) (bool, bool) {
+// freeSpace takes the plan's step of freeing space under a NOSPACE alarm: a compaction, one
+// member's defragmentation, or disarming the alarm. It reports the revision compacted to (also
+// when etcd had compacted it already) and the member defragmented, which the cluster is planned
+// again with, so status records them (see plan.FreeSpace), and whether it disarmed. A step etcd
+// refuses is announced and planned again next time.
+func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster, etcd members.Client, step plan.FreeSpace, endpoints []string) (compactedTo int64, defragmented string, disarmed bool) {
+	failed := func(what string, err error) (int64, string, bool) {
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, plan.EventFreeSpaceFailed, "FreeSpace", "%s: %v", what, err)
-		return false, false
+		return 0, "", false
 	}
-	if step.CompactTo > 0 {
+	switch {
+	case step.CompactTo > 0:
 		compacted, err := etcd.Compact(ctx, endpoints, step.CompactTo)
 		if err != nil {
 			return failed(fmt.Sprintf("compacting to revision %d", step.CompactTo), err)
@@ -495,12 +495,8 @@ func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster
 		if compacted {
 			r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventSpaceCompacted, "Compact",
 				"compacted every revision before %d away to free space under the NOSPACE alarm (the latest value of every key is kept)", step.CompactTo)
-			if step.Defragment == "" {
-				return true, true
-			}
 		}
-	}
-	switch {
+		return step.CompactTo, "", false
 	case step.Defragment != "":
 		start := r.Clock.Now()
 		if err := etcd.Defragment(ctx, step.Endpoint); err != nil {
@@ -511,7 +507,7 @@ func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster
 		member := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: step.Defragment, Namespace: kvc.Namespace}}
 		r.Recorder.Eventf(kvc, member, corev1.EventTypeNormal, plan.EventMemberDefragmented, "Defragment",
 			"defragmented %s in %s, returning its free pages to the disk (it served no request meanwhile)", step.Defragment, r.Clock.Since(start).Round(time.Millisecond))
-		return true, false
+		return 0, step.Defragment, false
 	case len(step.Disarm) > 0:
 		for _, a := range step.Disarm {
 			if err := etcd.DisarmAlarm(ctx, endpoints, a); err != nil {
@@ -520,9 +516,9 @@ func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster
 		}
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventNoSpaceDisarmed, "Disarm",
 			"disarmed the NOSPACE alarm: every database is below %d%% of the quota, and the cluster takes writes again", plan.NearQuotaPercent)
-		return true, false
+		return 0, "", true
 	}
-	return false, false
+	return 0, "", false
 }
 
 // backupJobs starts the backup due now and deletes the Jobs beyond the history limits.

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
@@ -13,27 +14,29 @@ import (
 )
 
 // TestNoSpaceIsRecoveredWithoutAPerson: etcd raised NOSPACE on a Ready cluster whose databases are
-// mostly old revisions. Reconcile by reconcile the operator announces it, compacts, defragments
-// the followers and then the leader, and disarms the alarm; status and events say so at each
-// step, and the cluster is Ready again. While it is compacted and defragmented and the data still fills the
-// quota, it disarms nothing and the condition says what a person can do.
+// mostly old revisions, which the sizes etcd reports do not show freed after the compaction.
+// Reconcile by reconcile the operator announces it, compacts, defragments the followers and then
+// the leader, and disarms the alarm; status and events say so at each step, and the cluster is
+// Ready again. When the data itself fills the quota, it compacts and defragments each member
+// once, then disarms nothing, does nothing more, and the condition says what a person can do.
 func TestNoSpaceIsRecoveredWithoutAPerson(t *testing.T) {
 	h := newHarness(t)
 	kvc := h.readyCluster(newKVCluster(h.namespace("nospace"), "kv", 3))
 	const mib = 1 << 20
-	full := func(live int64) {
+	full := func(revision, live int64) {
 		h.members.update(func(c *members.Cluster) {
 			for i := range c.Members {
 				m := &c.Members[i]
-				m.Revision, m.DBSize, m.DBSizeInUse, m.DBSizeQuota = 5000, 100*mib, 100*mib, 100*mib
+				m.Revision, m.DBSize, m.DBSizeInUse, m.DBSizeQuota = revision, 100*mib, 100*mib, 100*mib
 			}
 			c.Alarms = []members.Alarm{{MemberID: 2, Type: "NOSPACE"}}
 		})
 		h.members.liveBytes = live
 	}
-	full(3 * mib)
+	full(5000, 3*mib)
 	var calls []string
 	for range 7 {
+		h.clock.SetTime(h.clock.Now().Add(time.Millisecond)) // as time passes between reconciles
 		h.reconcile(kvc)
 		calls = append(calls, h.members.takeCalls()...)
 		if got := h.fresh(kvc); len(calls) == 1 && (got.Status.Phase != kvv1.PhaseReady || meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady)) {
@@ -48,6 +51,14 @@ func TestNoSpaceIsRecoveredWithoutAPerson(t *testing.T) {
 	if !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) || meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionSpacePressure) {
 		t.Errorf("after freeing space: %+v", got.Status.Conditions)
 	}
+	if c := got.Status.LastCompaction; c == nil || c.Revision != 5000 {
+		t.Errorf("status.lastCompaction = %+v, want revision 5000", c)
+	}
+	for _, m := range got.Status.Members {
+		if m.LastDefragmentTime == nil || !got.Status.LastCompaction.Time.Before(m.LastDefragmentTime) {
+			t.Errorf("%s: lastDefragmentTime %v, want a time after the compaction", m.Name, m.LastDefragmentTime)
+		}
+	}
 	ev := drainEvents(h)
 	for _, want := range []string{plan.ReasonNoSpace, plan.EventSpaceCompacted, "MemberDefragmented defragmented kv-1", plan.EventNoSpaceDisarmed, plan.EventSpaceRecovered} {
 		if !strings.Contains(ev, want) {
@@ -58,14 +69,15 @@ func TestNoSpaceIsRecoveredWithoutAPerson(t *testing.T) {
 		t.Errorf("a recovery that went well told of trouble:\n%s", ev)
 	}
 
-	// The data itself fills the quota: compaction frees nothing, defragmentation nothing.
-	full(100 * mib)
-	h.members.compacted = 5000
-	for range 3 {
+	// Written full again, with data this time: compaction frees nothing, defragmentation nothing.
+	full(6000, 100*mib)
+	for range 8 {
+		h.clock.SetTime(h.clock.Now().Add(time.Millisecond))
 		h.reconcile(kvc)
 	}
-	if calls := h.members.takeCalls(); len(calls) != 0 {
-		t.Errorf("etcd calls with no room to make: %q", calls)
+	want = []string{"compact 6000", "defragment kv-1", "defragment kv-2", "defragment kv-0"}
+	if calls := h.members.takeCalls(); !slices.Equal(calls, want) {
+		t.Errorf("etcd calls with no room to make: %q, want %q and nothing more", calls, want)
 	}
 	c := meta.FindStatusCondition(h.fresh(kvc).Status.Conditions, kvv1.ConditionSpacePressure)
 	if c == nil || c.Reason != plan.ReasonSpaceExhausted || !strings.Contains(c.Message, "Delete keys") {

@@ -178,7 +178,8 @@ type fakeMembers struct {
 	fenceErrs []error
 	nextID    uint64
 	// compacted is the revision the last compaction went to; liveBytes what a compaction leaves
-	// in use in each member's database.
+	// in use in each member's database, which shows only once it is defragmented (as on a
+	// member that commits no write after the compaction).
 	compacted, liveBytes int64
 }
 
@@ -316,7 +317,8 @@ func (f *fakeMembers) DisarmAlarm(_ context.Context, _ []string, a members.Alarm
 	return nil
 }
 
-// Compact frees, in every member's database, all but liveBytes (what the latest revision holds).
+// Compact frees, in every member's database, all but liveBytes (what the latest revision holds);
+// the sizes do not show it yet.
 func (f *fakeMembers) Compact(_ context.Context, _ []string, revision int64) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -325,20 +327,20 @@ func (f *fakeMembers) Compact(_ context.Context, _ []string, revision int64) (bo
 	}
 	f.compacted = revision
 	f.record("compact %d", revision)
-	for i := range f.cluster.Members {
-		m := &f.cluster.Members[i]
-		m.DBSizeInUse = min(m.DBSizeInUse, f.liveBytes)
-	}
 	return true, nil
 }
 
-// Defragment shrinks the database of the member at the endpoint (named in its host) to what it uses.
+// Defragment shrinks the database of the member at the endpoint (named in its host) to what it
+// uses: what the last compaction left.
 func (f *fakeMembers) Defragment(_ context.Context, endpoint string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := range f.cluster.Members {
 		if m := &f.cluster.Members[i]; strings.Contains(endpoint, "//"+m.Name+".") {
 			f.record("defragment %s", m.Name)
+			if f.compacted > 0 {
+				m.DBSizeInUse = min(m.DBSizeInUse, f.liveBytes)
+			}
 			m.DBSize = m.DBSizeInUse
 			return nil
 		}

@@ -139,7 +139,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				t.Logf("events:\n%s", strings.Join(events, "\n"))
 				t.Logf("steps: %s", strings.Join(steps, ", "))
 				_, _, leader := votingMembers(got) // defragmenting the leader does not move leadership
-				// The followers in the order they applied the compaction, the leader after them.
+				// Every member past the mark once after the compaction: the followers, then the leader.
 				want := []string{"NoSpace", "SpaceCompacted", "a follower", "a follower", "defragmented " + leader, "NoSpaceDisarmed", "SpaceRecovered"}
 				var saw []string
 				for i, step := range steps {

@@ -771,6 +771,19 @@ type MemberStatus struct {
 	// +optional
 	// +listType=atomic
 	Alarms []string `json:"alarms,omitempty"`
+	// LastDefragmentTime is when the operator last defragmented the member, returning its free
+	// pages to the disk (see the README's "Running out of space").
+	// +optional
+	LastDefragmentTime *metav1.MicroTime `json:"lastDefragmentTime,omitempty"`
+}
+
+// Compaction is a compaction of the cluster's history by the operator.
+type Compaction struct {
+	// Revision: every revision before it was compacted away (the latest value of every key is kept).
+	Revision int64 `json:"revision"`
+	// Time is when the compaction was done (to the microsecond: members are defragmented after it,
+	// maybe within the same second).
+	Time metav1.MicroTime `json:"time"`
 }
 
 // KVClusterStatus is the observed state of a KVCluster.
@@ -820,6 +833,11 @@ type KVClusterStatus struct {
 	// and the cluster refuses writes, as the members report it.
 	// +optional
 	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
+
+	// LastCompaction is the operator's last compaction of the cluster's history, freeing space
+	// under the NOSPACE alarm; members past the space-pressure mark are defragmented after it.
+	// +optional
+	LastCompaction *Compaction `json:"lastCompaction,omitempty"`
 
 	// Members is what etcd reports about each member.
 	// +optional

@@ -13,9 +13,9 @@ import (
 )
 
 // TestFreeingSpaceAfterNoSpace runs against a real etcd with a small quota: overwriting one key
-// until etcd refuses writes fills the database with old revisions; compacting frees them inside
-// the file, defragmenting shrinks the file, and only then does disarming the alarm let writes
-// through without the alarm coming straight back.
+// until etcd refuses writes fills the database with old revisions; compacting leaves the file as
+// large, defragmenting shrinks it to what the latest revision holds, and only then does
+// disarming the alarm let writes through without the alarm coming straight back.
 func TestFreeingSpaceAfterNoSpace(t *testing.T) {
 	etcd := backuptest.RequireBinary(t, "KVC_ETCD_DIR", "etcd")
 	ctx := context.Background()
@@ -61,9 +61,11 @@ func TestFreeingSpaceAfterNoSpace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := afterCompact.Members[0]
-	if c.DBSize < quota*9/10 || c.DBSizeInUse > quota/4 {
-		t.Errorf("after compacting: %d bytes in a %d-byte file; want the file as large, the old revisions freed inside it", c.DBSizeInUse, c.DBSize)
+	// The pages the compaction freed are not asserted: etcd counts them as in use until its next
+	// commit with no older reader open, which a member refusing writes may never make (seen
+	// once in CI), so the operator defragments whatever the sizes show (see plan.FreeSpace).
+	if c := afterCompact.Members[0]; c.DBSize < quota*9/10 {
+		t.Errorf("after compacting: a %d-byte file; want it as large: compaction never shrinks it", c.DBSize)
 	}
 
 	if err := e.Defragment(ctx, url); err != nil {

@@ -17,8 +17,8 @@ import (
 
 // Observation is what one reconcile saw of a cluster, read once before anything is decided:
 // Kubernetes (from the cache) and etcd (live). Outcomes of acting are observed too: an apply the
-// API server refuses (ApplyRejected, ForeignChildren), a compaction (Compacted), after which the
-// cluster is planned again.
+// API server refuses (ApplyRejected, ForeignChildren), or a step freeing space (Compacted,
+// Defragmented), after which the cluster is planned again.
 type Observation struct {
 	// ReadyMembers is the StatefulSet's count of ready member pods.
 	ReadyMembers int32
@@ -57,9 +57,10 @@ type Observation struct {
 	STSForeign bool
 	// ApplyRejected is why the API server refused to apply the cluster's objects.
 	ApplyRejected string
-	// Compacted: a compaction just freed pages in the databases, which the sizes in Cluster,
-	// read before it, do not show.
-	Compacted bool
+	// Compacted is the revision a compaction just went to (0: none), and Defragmented the member
+	// just defragmented: the sizes in Cluster, read before, do not show what they freed.
+	Compacted    int64
+	Defragmented string
 
 	// TLS is the data of the cluster's TLS Secrets that exist, by part (specs.TLSCA, TLSServer,
 	// TLSPeer, TLSClient).

@@ -165,7 +165,7 @@ func decide(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) (kv
 	st := *kvc.Status.DeepCopy()
 	st.ObservedGeneration = kvc.Generation
 	st.ClientEndpoint = specs.ClientEndpoint(kvc, obs.ClientScheme(kvc))
-	st.Members = memberStatuses(kvc, obs)
+	st.Members = memberStatuses(kvc, obs, now)
 	st.BackendQuota = backendQuota(kvc, obs)
 	if v.phase != kvc.Status.Phase || obs.ReadyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil ||
 		membersMoved(kvc.Status.Members, st.Members) {
@@ -202,8 +202,9 @@ func membersMoved(before, after []kvv1.MemberStatus) bool {
 
 // memberStatuses is etcd's member list for status; when etcd did not answer, the last known list
 // is kept with every member marked not healthy and no leader. A member seen healthy records the
-// volume claim it runs on; a member not seen healthy keeps the one recorded before.
-func memberStatuses(kvc *kvv1.KVCluster, obs Observation) []kvv1.MemberStatus {
+// volume claim it runs on; a member not seen healthy keeps the one recorded before, and its sizes.
+// The member defragmented in this reconcile (Observation.Defragmented) records the time.
+func memberStatuses(kvc *kvv1.KVCluster, obs Observation, now time.Time) []kvv1.MemberStatus {
 	previous, cluster := kvc.Status.Members, obs.Cluster
 	if cluster == nil {
 		out := make([]kvv1.MemberStatus, len(previous))
@@ -226,10 +227,21 @@ func memberStatuses(kvc *kvv1.KVCluster, obs Observation) []kvv1.MemberStatus {
 			Leader: m.Leader, Learner: m.Learner, Healthy: m.Healthy,
 			VolumeUID: string(recordedVolume(kvc, name)), Alarms: memberAlarms(cluster, m.ID),
 		}
+		prev := recordedMember(kvc, name)
+		if prev != nil && prev.ID != ms.ID { // a former member's
+			prev = nil
+		}
 		if m.Healthy {
 			ms.DBSize, ms.DBSizeInUse = mebibytes(m.DBSize), mebibytes(m.DBSizeInUse)
-		} else if prev := recordedMember(kvc, name); prev != nil && prev.ID == ms.ID { // sizes as last seen (not a former member's)
+		} else if prev != nil { // sizes as last seen
 			ms.DBSize, ms.DBSizeInUse = prev.DBSize, prev.DBSizeInUse
+		}
+		switch {
+		case name == obs.Defragmented:
+			at := metav1.NewMicroTime(now.Truncate(time.Microsecond))
+			ms.LastDefragmentTime = &at
+		case prev != nil:
+			ms.LastDefragmentTime = prev.LastDefragmentTime
 		}
 		if ord, ok := specs.OrdinalOfMember(kvc, name); ok && m.Healthy && m.Started() && obs.Pods[ord].VolumeUID != "" {
 			ms.VolumeUID = string(obs.Pods[ord].VolumeUID)

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
@@ -115,6 +116,9 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
+	if obs.Compacted > 0 {
+		st.LastCompaction = &kvv1.Compaction{Revision: obs.Compacted, Time: metav1.NewMicroTime(now.Truncate(time.Microsecond))}
+	}
 	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(kvc, st))
 	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, p.FreeSpace, now)...)
 	if meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionSpacePressure) {

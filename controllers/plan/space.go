@@ -59,16 +59,13 @@ func backendQuota(kvc *kvv1.KVCluster, obs Observation) *resource.Quantity {
 // each planned from the sizes the last one left.
 type FreeSpace struct {
 	// Active: the cluster's own NOSPACE alarm is raised and announced, and space is being freed.
-	// Waiting says what freeing waits for: what keeps it from starting, or, while Active, the
-	// compaction reaching every member.
+	// Waiting says what keeps freeing from starting.
 	Active  bool
 	Waiting string
-	// CompactTo is the revision to compact to first (0: none). A compaction that freed pages
-	// when no defragmentation is planned is observed (Observation.Compacted) and planned again:
-	// the sizes, read before it, cannot say yet what is worth defragmenting, nor that there is
-	// no room.
+	// CompactTo is the revision to compact to (0: none). A step that compacted or defragmented
+	// is observed (Observation.Compacted, Defragmented) and planned again, to record it in status.
 	CompactTo int64
-	// Defragment is the member to defragment next, at Endpoint ("": none).
+	// Defragment is the member to defragment, at Endpoint ("": none).
 	Defragment, Endpoint string
 	// Disarm are the NOSPACE alarms to clear: there is room again.
 	Disarm []members.Alarm
@@ -92,12 +89,30 @@ func worthDefragmenting(m members.Member, mark, minInUse int64) bool {
 	return free >= 1<<20 && (free*10 >= m.DBSize || m.DBSize >= mark && (m.DBSizeInUse < mark || minInUse < mark))
 }
 
+// defragmentedSince: status records a defragmentation of the member (by this ID) after the
+// compaction, or at all when the operator never compacted.
+func defragmentedSince(kvc *kvv1.KVCluster, m members.Member, compaction *kvv1.Compaction) bool {
+	recorded := recordedMember(kvc, m.Name)
+	switch {
+	case recorded == nil || recorded.ID != fmt.Sprintf("%x", m.ID) || recorded.LastDefragmentTime == nil:
+		return false
+	case compaction == nil:
+		return true
+	}
+	return compaction.Time.Before(recorded.LastDefragmentTime)
+}
+
 // planFreeSpace frees space while a NOSPACE alarm of the cluster's own (not a stale one, see
 // staleAlarms) holds a Ready cluster, every member answering: a member that does not could not be
 // defragmented, and would keep its full database. Rollouts, scaling and deletion come first (the
 // phase is not Ready then; the deletion's fence is its own NOSPACE alarm, and is never planned
 // here), and a CORRUPT alarm is a person's to look at. The first step waits for status to say
 // NoSpace, so what happened is announced before what is done.
+//
+// The compaction comes first, on its own (status records it), then every member whose file is
+// past the space-pressure mark is defragmented once after it, whatever it shows free: etcd
+// counts the pages a compaction freed as in use until its next write commits, which a cluster
+// refusing writes may not make. Only what a defragmentation leaves says there is no room.
 func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale []members.Alarm, quota *resource.Quantity) FreeSpace {
 	own := noSpaceAlarms(obs.Cluster, stale)
 	said := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionSpacePressure)
@@ -113,7 +128,7 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 		return FreeSpace{Waiting: "until every member answers"}
 	case !announced || quota == nil || quota.IsZero(): // announced in this reconcile; freed from the next
 		return FreeSpace{}
-	case obs.Compacted: // what is worth defragmenting shows next time; the verdict stands till then
+	case obs.Compacted > 0 || obs.Defragmented != "": // planned again to record it; what it freed shows next time
 		return FreeSpace{Active: true, Exhausted: said.Reason == ReasonSpaceExhausted}
 	}
 	mark := quota.Value() * NearQuotaPercent / 100
@@ -125,20 +140,17 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 	if room {
 		return FreeSpace{Active: true, Disarm: own}
 	}
-	step := FreeSpace{Active: true}
 	leader, _ := obs.Cluster.Leader()
-	if leader.Revision > 1 {
-		step.CompactTo = leader.Revision
+	compaction := kvc.Status.LastCompaction
+	if leader.Revision > 1 && (compaction == nil || leader.Revision > compaction.Revision) {
+		return FreeSpace{Active: true, CompactTo: leader.Revision}
 	}
-	// Every member holds the same data: one past the mark, while another holds it under, shows
-	// the compaction seconds after it (each member frees the pages on its own). With free pages to
-	// show for it, it is worth defragmenting (again later if need be); without, it is waited for.
-	compacting := func(m members.Member) bool { return m.DBSizeInUse >= mark && minInUse < mark }
+	step := FreeSpace{Active: true}
 	scheme := obs.ClientScheme(kvc)
 	pick := func(m members.Member) bool {
 		ord, ok := specs.OrdinalOfMember(kvc, m.Name)
 		switch {
-		case !ok || !worthDefragmenting(m, mark, minInUse):
+		case !ok || !worthDefragmenting(m, mark, minInUse) && (m.DBSize < mark || defragmentedSince(kvc, m, compaction)):
 			return false
 		case m.DBSize > maxOnlineDefragmentBytes:
 			step.TooLarge = append(step.TooLarge, m.Name)
@@ -147,23 +159,12 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 		step.Defragment, step.Endpoint = m.Name, specs.MemberClientURL(kvc, scheme, ord)
 		return true
 	}
-	followersPending := false
 	for _, m := range obs.Cluster.Members { // sorted by name
-		if m.ID == leader.ID {
-			continue
-		}
-		if pick(m) {
+		if m.ID != leader.ID && pick(m) {
 			return step
 		}
-		followersPending = followersPending || compacting(m)
 	}
-	switch {
-	case followersPending: // the leader goes last
-		step.Waiting = "for the compaction to reach every member"
-	case pick(leader):
-	case compacting(leader):
-		step.Waiting = "for the compaction to reach every member"
-	default:
+	if !pick(leader) { // the leader goes last
 		step.Exhausted = true
 	}
 	return step

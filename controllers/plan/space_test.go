@@ -2,8 +2,10 @@ package plan
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -159,13 +161,28 @@ func (s *scenario) defragmented(ordinals []int, inUse ...int64) *scenario {
 	return s
 }
 
+// compacted: status records the operator's compaction to revision 900, a minute ago, and the
+// members with these ordinals defragmented since, half a minute ago (the others an hour ago).
+func (s *scenario) compacted(defragmentedSince ...int) *scenario {
+	s.kvc.Status.LastCompaction = &kvv1.Compaction{Revision: 900, Time: metav1.NewMicroTime(t0.Add(-time.Minute))}
+	for i := range s.kvc.Status.Members {
+		at := metav1.NewMicroTime(t0.Add(-time.Hour))
+		if slices.Contains(defragmentedSince, i) {
+			at = metav1.NewMicroTime(t0.Add(-30 * time.Second))
+		}
+		s.kvc.Status.Members[i].ID, s.kvc.Status.Members[i].LastDefragmentTime = fmt.Sprintf("%x", s.member(i).ID), &at
+	}
+	return s
+}
+
 var all = []int{0, 1, 2}
 
 // TestFreeSpace: under its own NOSPACE alarm a Ready cluster whose members all answer is compacted
-// to the latest revision, its members defragmented one at a time (followers first, the leader
-// last, only those with free pages worth it), and the alarm disarmed once every database is below
-// 80% of the quota; with no room even then, the condition says what a person can do. Nothing is
-// done for an inherited alarm, during a rollout, or while a member does not answer.
+// to the latest revision, then every member past 80% of the quota is defragmented once after it
+// (followers first, the leader last), whatever it shows free, and any other member whose free
+// pages are worth it; the alarm is disarmed once every database is below the mark; with no room
+// even then, the condition says what a person can do. Nothing is done for an inherited alarm,
+// during a rollout, or while a member does not answer.
 func TestFreeSpace(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -180,63 +197,72 @@ func TestFreeSpace(t *testing.T) {
 			s.kvc.Status.Conditions = nil
 			return s
 		}(), want: "", wantReason: ReasonNoSpace},
-		{name: "the alarm: compact, then the first follower", s: noSpace(100, 100, 100), want: "compact 900, defragment kv-1",
+		{name: "the alarm: compact, on its own", s: noSpace(100, 100, 100), want: "compact 900",
 			wantReason: ReasonNoSpace, wantMsg: "compacts every old revision away, defragments one member at a time, then disarms"},
-		{name: "just compacted, nothing worth defragmenting in the sizes read before: no verdict, look again", s: func() *scenario {
+		{name: "just compacted: recorded, and what it freed shows next time", s: func() *scenario {
 			s := noSpace().defragmented(all, 100, 100, 100)
-			s.obs.Compacted = true
+			s.obs.Compacted = 900
 			return s
 		}(), want: "look again", wantReason: ReasonNoSpace},
-		{name: "then the next follower", s: noSpace(100, 100, 100).defragmented([]int{1}, 2), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
-		{name: "the leader last", s: noSpace(100, 100, 100).defragmented([]int{1, 2}, 2, 2), want: "compact 900, defragment kv-0", wantReason: ReasonNoSpace},
+		{name: "compacted, the freed pages not shown yet: the first follower all the same", s: noSpace().defragmented(all, 100, 100, 100).compacted(),
+			want: "defragment kv-1", wantReason: ReasonNoSpace},
+		{name: "just defragmented: recorded, and the next one planned next time", s: func() *scenario {
+			s := noSpace(100, 100, 100).compacted()
+			s.obs.Defragmented = "kv-1"
+			return s
+		}(), want: "look again", wantReason: ReasonNoSpace},
+		{name: "then the next follower", s: noSpace(100, 100, 100).defragmented([]int{1}, 82).compacted(1), want: "defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "the leader last", s: noSpace(100, 100, 100).defragmented([]int{1, 2}, 82, 82).compacted(1, 2), want: "defragment kv-0", wantReason: ReasonNoSpace},
 		{name: "room: disarm, nothing to compact", s: noSpace().defragmented(all, 2, 2, 79), want: "disarm 2", wantReason: ReasonNoSpace},
-		{name: "free pages under a MiB are not worth defragmenting", s: func() *scenario {
-			s := noSpace().defragmented(all, 90, 90, 90)
+		{name: "keys deleted since: the revision moved, compact again", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 90, 90).compacted(all...)
+			s.kvc.Status.LastCompaction.Revision = 800
+			return s
+		}(), want: "compact 900", wantReason: ReasonNoSpace},
+		{name: "no room even then: say what to do", s: noSpace().defragmented(all, 90, 90, 90).compacted(all...), want: "exhausted",
+			wantReason: ReasonSpaceExhausted, wantMsg: "Delete keys that are no longer needed"},
+		{name: "free pages under a MiB are not worth a second defragmentation", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 90, 90).compacted(all...)
 			s.member(0).DBSize += mib - 1
 			return s
-		}(), want: "compact 900, exhausted", wantReason: ReasonSpaceExhausted},
-		{name: "only the leader has applied the compaction yet: it waits for the followers, and is not defragmented first", s: func() *scenario {
-			s := noSpace().defragmented(all, 99, 99, 99)
-			s.member(0).DBSizeInUse = 2 * mib
+		}(), want: "exhausted", wantReason: ReasonSpaceExhausted},
+		{name: "defragmented the microsecond before the compaction: again", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 90, 90).compacted(all...)
+			before := metav1.NewMicroTime(s.kvc.Status.LastCompaction.Time.Add(-time.Microsecond))
+			s.kvc.Status.Members[1].LastDefragmentTime = &before
 			return s
-		}(), want: "compact 900", wantReason: ReasonNoSpace, wantMsg: "it waits for the compaction to reach every member"},
-		{name: "a follower shows the compaction late, with some free pages: defragmented in its turn", s: func() *scenario {
-			s := noSpace().defragmented(all, 99, 99, 99)
-			s.member(0).DBSizeInUse = 2 * mib
-			s.member(1).DBSizeInUse = 90 * mib
+		}(), want: "defragment kv-1", wantReason: ReasonNoSpace},
+		{name: "a member replaced since its defragmentation (another ID) is defragmented", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 90, 90).compacted(all...)
+			s.kvc.Status.Members[2].ID = "99"
 			return s
-		}(), want: "compact 900, defragment kv-1", wantReason: ReasonNoSpace},
-		{name: "packed looser than a defragmented member, past the mark: defragmented, not waited for", s: func() *scenario {
-			s := noSpace().defragmented(all, 90, 78, 90)
+		}(), want: "defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "a follower showing its compaction after its defragmentation: defragmented again", s: func() *scenario {
+			s := noSpace().defragmented(all, 99, 99, 99).compacted(all...)
+			s.member(1).DBSizeInUse = 2 * mib
+			return s
+		}(), want: "defragment kv-1", wantReason: ReasonNoSpace},
+		{name: "packed looser than a defragmented member, past the mark: defragmented again", s: func() *scenario {
+			s := noSpace().defragmented(all, 90, 78, 90).compacted(all...)
 			s.member(0).DBSizeInUse, s.member(2).DBSizeInUse = 85*mib, 85*mib
 			return s
-		}(), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
-		{name: "exhausted, and a compaction of newer revisions: still exhausted until the sizes show more", s: func() *scenario {
+		}(), want: "defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "under the mark, a tenth free: defragmented too", s: noSpace(100, 50, 50).compacted(all...).defragmented([]int{0}, 82),
+			want: "defragment kv-1", wantReason: ReasonNoSpace},
+		{name: "exhausted, and a compaction of newer revisions: the verdict stands until the sizes show more", s: func() *scenario {
 			s := noSpace().defragmented(all, 90, 90, 90)
 			s.kvc.Status.Conditions = nil
 			s.withSpaceCondition(metav1.ConditionTrue, ReasonSpaceExhausted)
-			s.obs.Compacted = true
+			s.obs.Compacted = 900
 			return s
 		}(), want: "exhausted", wantReason: ReasonSpaceExhausted},
-		{name: "one follower has applied it: that one", s: func() *scenario {
-			s := noSpace().defragmented(all, 99, 99, 99)
-			s.member(2).DBSizeInUse = 2 * mib
-			return s
-		}(), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
-		{name: "under a tenth free, but enough to pass back under the mark", s: func() *scenario {
-			s := noSpace().defragmented(all, 2, 2, 2)
-			s.member(2).DBSize, s.member(2).DBSizeInUse = 85*mib, 78*mib
-			return s
-		}(), want: "compact 900, defragment kv-2", wantReason: ReasonNoSpace},
-		{name: "no room even then: say what to do", s: noSpace().defragmented(all, 90, 90, 90), want: "compact 900, exhausted",
-			wantReason: ReasonSpaceExhausted, wantMsg: "Delete keys that are no longer needed"},
 		{name: "a database too large to defragment while it serves", s: func() *scenario {
-			s := noSpace()
+			s := noSpace().compacted()
 			for i := range 3 {
 				s.member(i).DBSizeQuota, s.member(i).DBSize, s.member(i).DBSizeInUse = 8<<30, 7<<30, 1<<30
 			}
 			return s
-		}(), want: "compact 900, exhausted", wantReason: ReasonSpaceExhausted, wantMsg: "it does not defragment kv-1, kv-2, kv-0: larger than 2 GiB"},
+		}(), want: "exhausted", wantReason: ReasonSpaceExhausted, wantMsg: "it does not defragment kv-1, kv-2, kv-0: larger than 2 GiB"},
 		{name: "a member does not answer: wait", s: func() *scenario {
 			s := noSpace(100, 100, 100)
 			s.member(2).Healthy = false
@@ -288,5 +314,26 @@ func TestFreeSpace(t *testing.T) {
 				t.Errorf("SpacePressure = %+v, want %s mentioning %q", c, tt.wantReason, tt.wantMsg)
 			}
 		})
+	}
+}
+
+// TestFreeingSpaceIsRecorded: status records the operator's compaction (its revision and time)
+// and, per member, when the operator last defragmented it; a member etcd knows by another ID
+// since (replaced) starts without one, and a member that does not answer keeps its own.
+func TestFreeingSpaceIsRecorded(t *testing.T) {
+	s := noSpace(100, 100, 100).compacted(1)
+	s.obs.Compacted, s.obs.Defragmented = 950, "kv-2"
+	s.kvc.Status.Members[0].ID = "99"
+	s.member(1).Healthy = false
+	st := Make(s.kvc, s.obs, t0, Config{}).Status
+
+	if c := st.LastCompaction; c == nil || c.Revision != 950 || !c.Time.Equal(&metav1.MicroTime{Time: t0}) {
+		t.Errorf("lastCompaction = %+v, want revision 950 at %s", c, t0)
+	}
+	want := map[string]*metav1.MicroTime{"kv-0": nil, "kv-1": {Time: t0.Add(-30 * time.Second)}, "kv-2": {Time: t0}}
+	for _, m := range st.Members {
+		if got := m.LastDefragmentTime; (got == nil) != (want[m.Name] == nil) || got != nil && !got.Equal(want[m.Name]) {
+			t.Errorf("%s: lastDefragmentTime = %v, want %v", m.Name, got, want[m.Name])
+		}
 	}
 }

@@ -140,6 +140,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: secret
       type:
         scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.Compaction
+  map:
+    fields:
+    - name: revision
+      type:
+        scalar: numeric
+    - name: time
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionOutcome
   scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionStep
@@ -324,6 +333,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: lastBackupTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: lastCompaction
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.Compaction
     - name: lastProgressTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
@@ -371,6 +383,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: id
       type:
         scalar: string
+    - name: lastDefragmentTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime
     - name: leader
       type:
         scalar: boolean
@@ -676,6 +691,8 @@ var schemaYAML = typed.YAMLObject(`types:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
 - name: io.k8s.apimachinery.pkg.apis.meta.v1.ManagedFieldsOperationType
   scalar: string
+- name: io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime
+  scalar: untyped
 - name: io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta
   map:
     fields:

@@ -38,6 +38,9 @@ type KVClusterStatusApplyConfiguration struct {
 	// BackendQuota is the size a member's database may reach before etcd raises the NOSPACE alarm
 	// and the cluster refuses writes, as the members report it.
 	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
+	// LastCompaction is the operator's last compaction of the cluster's history, freeing space
+	// under the NOSPACE alarm; members past the space-pressure mark are defragmented after it.
+	LastCompaction *CompactionApplyConfiguration `json:"lastCompaction,omitempty"`
 	// Members is what etcd reports about each member.
 	Members []MemberStatusApplyConfiguration `json:"members,omitempty"`
 	// Deletion is where each deletion step stands, once the KVCluster is being deleted.
@@ -141,6 +144,14 @@ func (b *KVClusterStatusApplyConfiguration) WithClientEndpoint(value string) *KV
 // If called multiple times, the BackendQuota field is set to the value of the last call.
 func (b *KVClusterStatusApplyConfiguration) WithBackendQuota(value resource.Quantity) *KVClusterStatusApplyConfiguration {
 	b.BackendQuota = &value
+	return b
+}
+
+// WithLastCompaction sets the LastCompaction field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the LastCompaction field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithLastCompaction(value *CompactionApplyConfiguration) *KVClusterStatusApplyConfiguration {
+	b.LastCompaction = value
 	return b
 }
 

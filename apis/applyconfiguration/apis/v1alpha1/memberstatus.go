@@ -4,6 +4,7 @@ package v1alpha1
 
 import (
 	resource "k8s.io/apimachinery/pkg/api/resource"
+	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // MemberStatusApplyConfiguration represents a declarative configuration of the MemberStatus type for use
@@ -36,6 +37,9 @@ type MemberStatusApplyConfiguration struct {
 	// Alarms etcd has raised for the member: NOSPACE (its database reached the quota: the whole
 	// cluster refuses writes) or CORRUPT.
 	Alarms []string `json:"alarms,omitempty"`
+	// LastDefragmentTime is when the operator last defragmented the member, returning its free
+	// pages to the disk (see the README's "Running out of space").
+	LastDefragmentTime *v1.MicroTime `json:"lastDefragmentTime,omitempty"`
 }
 
 // MemberStatusApplyConfiguration constructs a declarative configuration of the MemberStatus type for use with
@@ -123,5 +127,13 @@ func (b *MemberStatusApplyConfiguration) WithAlarms(values ...string) *MemberSta
 	for i := range values {
 		b.Alarms = append(b.Alarms, values[i])
 	}
+	return b
+}
+
+// WithLastDefragmentTime sets the LastDefragmentTime field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the LastDefragmentTime field is set to the value of the last call.
+func (b *MemberStatusApplyConfiguration) WithLastDefragmentTime(value v1.MicroTime) *MemberStatusApplyConfiguration {
+	b.LastDefragmentTime = &value
 	return b
 }
