@@ -476,11 +476,11 @@ func (r *KVClusterReconciler) disarm(ctx context.Context, kvc *kvv1.KVCluster, e
 	return len(alarms) > 0
 }
 
-// freeSpace takes the plan's step of freeing space under a NOSPACE alarm: a compaction, one
-// member's defragmentation, or disarming the alarm. It reports the revision compacted to (also
-// when etcd had compacted it already) and the member defragmented, which the cluster is planned
-// again with, so status records them (see plan.FreeSpace), and whether it disarmed. A step etcd
-// refuses is announced and planned again next time.
+// freeSpace takes the plan's step of freeing space: a compaction, one member's defragmentation
+// (under a NOSPACE alarm or in routine operation), or disarming the alarm. It reports the
+// revision compacted to (also when etcd had compacted it already) and the member defragmented,
+// which the cluster is planned again with, so status records them (see plan.FreeSpace), and
+// whether it disarmed. A step etcd refuses is announced and planned again next time.
 func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster, etcd members.Client, step plan.FreeSpace, endpoints []string) (compactedTo int64, defragmented string, disarmed bool) {
 	failed := func(what string, err error) (int64, string, bool) {
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, plan.EventFreeSpaceFailed, "FreeSpace", "%s: %v", what, err)
@@ -502,11 +502,16 @@ func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster
 		if err := etcd.Defragment(ctx, step.Endpoint); err != nil {
 			return failed("defragmenting "+step.Defragment, err)
 		}
-		// The member's pod is the related object: events of one reason and action about the same
-		// objects are folded into one series, keeping the first message only.
+		// The member's pod is the related object, and the action says why: events of one reason
+		// and action about the same objects are folded into one series for minutes, keeping the
+		// first message only.
 		member := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: step.Defragment, Namespace: kvc.Namespace}}
-		r.Recorder.Eventf(kvc, member, corev1.EventTypeNormal, plan.EventMemberDefragmented, "Defragment",
-			"defragmented %s in %s, returning its free pages to the disk (it served no request meanwhile)", step.Defragment, r.Clock.Since(start).Round(time.Millisecond))
+		action, why := "FreeSpace", "under the NOSPACE alarm"
+		if !step.Active {
+			action, why = "Defragment", "in routine operation (spec.space.defragmentation)"
+		}
+		r.Recorder.Eventf(kvc, member, corev1.EventTypeNormal, plan.EventMemberDefragmented, action,
+			"defragmented %s in %s %s, returning its free pages to the disk (it served no request meanwhile)", step.Defragment, r.Clock.Since(start).Round(time.Millisecond), why)
 		return 0, step.Defragment, false
 	case len(step.Disarm) > 0:
 		for _, a := range step.Disarm {

@@ -527,6 +527,13 @@ func withCompaction(mode kvv1.AutoCompactionMode, retention string) func(*kvv1.K
 	}
 }
 
+// withDefragmentation sets spec.space.defragmentation.
+func withDefragmentation(mode kvv1.DefragmentationMode, schedule string) func(*kvv1.KVCluster) {
+	return func(k *kvv1.KVCluster) {
+		k.Spec.Space.Defragmentation = kvv1.DefragmentationSpec{Mode: mode, Schedule: schedule}
+	}
+}
+
 func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 	h := newHarness(t)
 	ns := h.namespace("unworkable")
@@ -579,6 +586,11 @@ func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 		{name: "periodic retention past a year", mutate: withCompaction(kvv1.AutoCompactionPeriodic, "3000000h"), wantErr: "a duration from 1m to 8760h"},
 		{name: "ok: periodic, 90 minutes", mutate: withCompaction(kvv1.AutoCompactionPeriodic, "1h30m")},
 		{name: "ok: by revision, default retention", mutate: withCompaction(kvv1.AutoCompactionRevision, "")},
+		{name: "defragmentation schedule with seconds", mutate: withDefragmentation(kvv1.DefragmentationAuto, "0 0 3 * * *"), wantErr: "defragmentation.schedule must have exactly 5 fields"},
+		{name: "defragmentation schedule @every", mutate: withDefragmentation(kvv1.DefragmentationAuto, "@every 1h"), wantErr: "defragmentation.schedule must have exactly 5 fields"},
+		{name: "unknown defragmentation mode", mutate: withDefragmentation("Nightly", ""), wantErr: "spec.space.defragmentation.mode"},
+		{name: "ok: defragmentation off", mutate: withDefragmentation(kvv1.DefragmentationOff, "")},
+		{name: "ok: defragmentation in a zone's night", mutate: withDefragmentation(kvv1.DefragmentationAuto, "CRON_TZ=Europe/Berlin 0 3 * * *")},
 		{name: "S3 prefix climbing out", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Prefix = "team/../other-team" },
 			wantErr: "prefix must not contain '.' or '..' path segments"},
 		{name: "restore key climbing out", mutate: func(k *kvv1.KVCluster) {

@@ -87,3 +87,47 @@ func TestNoSpaceIsRecoveredWithoutAPerson(t *testing.T) {
 		t.Errorf("events lack the SpaceExhausted warning:\n%s", ev)
 	}
 }
+
+// TestRoutineDefragmentation: on a Ready cluster whose databases reached half the quota, mostly
+// free pages, the operator defragments the followers and then the leader, one per reconcile,
+// records each in status, and then leaves them be; with mode Off it defragments nothing.
+func TestRoutineDefragmentation(t *testing.T) {
+	h := newHarness(t)
+	const mib = 1 << 20
+	fragmented := func(c *members.Cluster) {
+		for i := range c.Members {
+			m := &c.Members[i]
+			m.Revision, m.DBSize, m.DBSizeInUse, m.DBSizeQuota = 5000, 60*mib, 10*mib, 100*mib
+		}
+	}
+	off := newKVCluster(h.namespace("defrag-off"), "kv", 3)
+	off.Spec.Space.Defragmentation.Mode = kvv1.DefragmentationOff
+	off = h.readyCluster(off)
+	h.members.update(fragmented)
+	for range 3 {
+		h.reconcile(off)
+	}
+	if calls := h.members.takeCalls(); len(calls) != 0 {
+		t.Errorf("with defragmentation mode Off: etcd calls %q", calls)
+	}
+
+	kvc := h.readyCluster(newKVCluster(h.namespace("defrag"), "kv", 3))
+	h.members.update(fragmented)
+	var calls []string
+	for range 5 {
+		h.clock.SetTime(h.clock.Now().Add(time.Second))
+		h.reconcile(kvc)
+		calls = append(calls, h.members.takeCalls()...)
+	}
+	if want := []string{"defragment kv-1", "defragment kv-2", "defragment kv-0"}; !slices.Equal(calls, want) {
+		t.Errorf("etcd calls = %q, want %q", calls, want)
+	}
+	for _, m := range h.fresh(kvc).Status.Members {
+		if m.LastDefragmentTime == nil || m.DBSize.Value() != 10*mib {
+			t.Errorf("%s: lastDefragmentTime %v, dbSize %v; want a time and 10Mi", m.Name, m.LastDefragmentTime, m.DBSize)
+		}
+	}
+	if ev := drainEvents(h); strings.Count(ev, "MemberDefragmented defragmented") != 3 {
+		t.Errorf("events, want one MemberDefragmented per member:\n%s", ev)
+	}
+}

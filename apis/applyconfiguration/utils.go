@@ -28,6 +28,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.CertificateStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Compaction"):
 		return &apisv1alpha1.CompactionApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DefragmentationSpec"):
+		return &apisv1alpha1.DefragmentationSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeletionStep"):
 		return &apisv1alpha1.DeletionStepApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeregistrationSpec"):

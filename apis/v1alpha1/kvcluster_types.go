@@ -652,6 +652,47 @@ type SpaceSpec struct {
 	//
 	// +optional
 	AutoCompaction AutoCompactionSpec `json:"autoCompaction,omitzero"`
+
+	// Defragmentation is when the operator defragments members in routine operation, returning
+	// the pages compaction freed to the disk and the headroom under the quota. (Under the NOSPACE
+	// alarm it always defragments.) Default: mode Auto, at any time.
+	//
+	// +optional
+	Defragmentation DefragmentationSpec `json:"defragmentation,omitzero"`
+}
+
+// DefragmentationMode says whether the operator defragments members in routine operation.
+//
+// +kubebuilder:validation:Enum=Auto;Off
+type DefragmentationMode string
+
+const (
+	// DefragmentationAuto defragments a member once it is worth it (see DefragmentationSpec).
+	DefragmentationAuto DefragmentationMode = "Auto"
+	// DefragmentationOff never defragments in routine operation.
+	DefragmentationOff DefragmentationMode = "Off"
+)
+
+// DefragmentationSpec is the routine defragmentation policy.
+type DefragmentationSpec struct {
+	// Mode Auto defragments a member whose database file has reached half the quota with a quarter
+	// of it free pages, or with enough free pages to bring a file past 80% of the quota back under
+	// it: one member at a time, the followers first and the leader last, at most once an hour each,
+	// only while the cluster is Ready, every member answers, no alarm is raised and no backup
+	// runs. A member serves no request while it is defragmented. Off: never.
+	//
+	// +optional
+	// +kubebuilder:default=Auto
+	Mode DefragmentationMode `json:"mode,omitempty"`
+
+	// Schedule limits Auto to the hour after each slot of a cron schedule (5 fields or a
+	// descriptor, UTC unless it starts with CRON_TZ=<zone>), e.g. "0 3 * * *" for 03:00 to 04:00
+	// each day. Empty: at any time.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.size() == 0 || self.matches('^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$') || self.matches('^((CRON_)?TZ=[^ ]+ +)?[^ @]+( +[^ ]+){4}$')",message="defragmentation.schedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
+	Schedule string `json:"schedule,omitempty"`
 }
 
 // AutoCompactionMode says what an auto-compaction retention counts.

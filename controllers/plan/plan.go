@@ -119,8 +119,9 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	if obs.Compacted > 0 {
 		st.LastCompaction = &kvv1.Compaction{Revision: obs.Compacted, Time: metav1.NewMicroTime(now.Truncate(time.Microsecond))}
 	}
-	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(kvc, st))
+	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(kvc, st), now)
 	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, p.FreeSpace, now)...)
+	events = append(events, defragmentationScheduleProblem(kvc, now)...)
 	if meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionSpacePressure) {
 		// Near the quota a database may reach it within the minute a healthy cluster is polled at.
 		p.RequeueAfter = min(p.RequeueAfter, pollWhileProgressing)

@@ -72,6 +72,8 @@ const (
 	EventMemberDefragmented     = "MemberDefragmented"
 	EventNoSpaceDisarmed        = "NoSpaceDisarmed"
 	EventFreeSpaceFailed        = "FreeSpaceFailed"
+	// EventInvalidDefragmentationSchedule: spec.space.defragmentation.schedule cannot be followed.
+	EventInvalidDefragmentationSchedule = "InvalidDefragmentationSchedule"
 
 	// The deletion steps.
 	EventDrainStarted            = "DrainStarted"

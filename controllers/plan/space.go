@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -53,10 +54,11 @@ func backendQuota(kvc *kvv1.KVCluster, obs Observation) *resource.Quantity {
 	return resource.NewQuantity(quota>>20<<20, resource.BinarySI)
 }
 
-// FreeSpace is the next step of freeing space after etcd raised the NOSPACE alarm: compact every
+// FreeSpace is the next step of freeing space. After etcd raised the NOSPACE alarm: compact every
 // revision but the latest, defragment one member at a time (followers first, the leader last),
-// then disarm the alarm once the databases are well below the quota. One step per reconcile,
-// each planned from the sizes the last one left.
+// then disarm the alarm once the databases are well below the quota. In routine operation:
+// defragment a member worth it (spec.space.defragmentation). One step per reconcile, each
+// planned from the sizes the last one left.
 type FreeSpace struct {
 	// Active: the cluster's own NOSPACE alarm is raised and announced, and space is being freed.
 	// Waiting says what keeps freeing from starting.
@@ -113,13 +115,13 @@ func defragmentedSince(kvc *kvv1.KVCluster, m members.Member, compaction *kvv1.C
 // past the space-pressure mark is defragmented once after it, whatever it shows free: etcd
 // counts the pages a compaction freed as in use until its next write commits, which a cluster
 // refusing writes may not make. Only what a defragmentation leaves says there is no room.
-func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale []members.Alarm, quota *resource.Quantity) FreeSpace {
+func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale []members.Alarm, quota *resource.Quantity, now time.Time) FreeSpace {
 	own := noSpaceAlarms(obs.Cluster, stale)
 	said := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionSpacePressure)
 	announced := said != nil && (said.Reason == ReasonNoSpace || said.Reason == ReasonSpaceExhausted)
 	switch {
 	case len(own) == 0:
-		return FreeSpace{}
+		return planRoutineDefragmentation(kvc, obs, phase, quota, now)
 	case phase != kvv1.PhaseReady:
 		return FreeSpace{Waiting: fmt.Sprintf("while the cluster is %s", phase)}
 	case slices.ContainsFunc(obs.Cluster.Alarms, func(a members.Alarm) bool { return a.Type != "NOSPACE" }):
@@ -168,6 +170,70 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 		step.Exhausted = true
 	}
 	return step
+}
+
+// routineDefragmentationInterval is how often at most a member is defragmented in routine
+// operation (once per window with a schedule).
+const routineDefragmentationInterval = time.Hour
+
+// worthRoutineDefragmentation: the member's database file reached half the quota, at least a MiB
+// of it is free pages, and either a quarter of it, or enough to bring a file past the
+// space-pressure mark back under it. A smaller file has headroom enough, and the disk is sized
+// for the quota.
+func worthRoutineDefragmentation(m members.Member, quota int64) bool {
+	free, mark := m.DBSize-m.DBSizeInUse, quota*NearQuotaPercent/100
+	return free >= 1<<20 && m.DBSize*2 >= quota && (free*4 >= m.DBSize || m.DBSize >= mark && m.DBSizeInUse < mark)
+}
+
+// planRoutineDefragmentation picks the member to defragment in routine operation (see
+// kvv1.DefragmentationSpec): the followers by name, then the leader, each at most once an hour
+// (once per window with a schedule), only while the cluster is Ready, every member answers, etcd
+// reports no alarm and no backup runs (its snapshot would stall behind the defragmentation). A
+// Ready cluster is looked at every minute, so an opening window is seen within one.
+func planRoutineDefragmentation(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, quota *resource.Quantity, now time.Time) FreeSpace {
+	policy := kvc.Spec.Space.Defragmentation
+	if policy.Mode == kvv1.DefragmentationOff || phase != kvv1.PhaseReady || !obs.membersHealthy(kvc) || len(obs.Cluster.Alarms) > 0 ||
+		quota == nil || quota.IsZero() || slices.ContainsFunc(obs.Jobs, func(j Job) bool { return !j.Done }) {
+		return FreeSpace{}
+	}
+	// Defragmented since windowStart: done for now.
+	windowStart := now.Add(-routineDefragmentationInterval)
+	if policy.Schedule != "" {
+		sched, err := backup.Parse(policy.Schedule, "", now)
+		if err != nil { // announced by defragmentationScheduleProblem
+			return FreeSpace{}
+		}
+		if windowStart, _ = sched.MostRecentSlot(windowStart, now, 0); windowStart.IsZero() {
+			return FreeSpace{} // outside the window
+		}
+	}
+	leader, _ := obs.Cluster.Leader()
+	scheme := obs.ClientScheme(kvc)
+	for _, m := range append(slices.DeleteFunc(slices.Clone(obs.Cluster.Members), func(m members.Member) bool { return m.ID == leader.ID }), leader) {
+		ord, ok := specs.OrdinalOfMember(kvc, m.Name)
+		if !ok || !worthRoutineDefragmentation(m, quota.Value()) || m.DBSize > maxOnlineDefragmentBytes {
+			continue
+		}
+		if recorded := recordedMember(kvc, m.Name); recorded != nil && recorded.LastDefragmentTime != nil && !recorded.LastDefragmentTime.Time.Before(windowStart) {
+			continue
+		}
+		return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord)}
+	}
+	return FreeSpace{}
+}
+
+// defragmentationScheduleProblem warns, once per spec, of a defragmentation schedule the
+// operator cannot follow: one admission cannot check (an unknown CRON_TZ zone, no slot at all).
+func defragmentationScheduleProblem(kvc *kvv1.KVCluster, now time.Time) []Event {
+	schedule := kvc.Spec.Space.Defragmentation.Schedule
+	if schedule == "" || kvc.Status.ObservedGeneration == kvc.Generation {
+		return nil
+	}
+	if _, err := backup.Parse(schedule, "", now); err != nil {
+		return []Event{{Type: corev1.EventTypeWarning, Reason: EventInvalidDefragmentationSchedule, Action: "CheckSpace",
+			Message: fmt.Sprintf("spec.space.defragmentation: %v; members are defragmented only to recover from NOSPACE until it is fixed", err)}}
+	}
+	return nil
 }
 
 // noSpaceAlarms are the cluster's own NOSPACE alarms: not the stale ones.

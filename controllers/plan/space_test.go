@@ -191,7 +191,7 @@ func TestFreeSpace(t *testing.T) {
 		wantReason string // of SpacePressure
 		wantMsg    string
 	}{
-		{name: "no alarm", s: sized(99, 99, 99), want: "", wantReason: ReasonNearQuota},
+		{name: "no alarm", s: sized(99, 99, 99).defragmented(all, 99, 99, 99), want: "", wantReason: ReasonNearQuota},
 		{name: "the alarm, not announced yet: announced first", s: func() *scenario {
 			s := noSpace(100, 100, 100)
 			s.kvc.Status.Conditions = nil
@@ -334,6 +334,126 @@ func TestFreeingSpaceIsRecorded(t *testing.T) {
 	for _, m := range st.Members {
 		if got := m.LastDefragmentTime; (got == nil) != (want[m.Name] == nil) || got != nil && !got.Equal(want[m.Name]) {
 			t.Errorf("%s: lastDefragmentTime = %v, want %v", m.Name, got, want[m.Name])
+		}
+	}
+}
+
+// defragmentedAt records in status that the operator defragmented member i at this time.
+func (s *scenario) defragmentedAt(i int, at time.Time) *scenario {
+	t := metav1.NewMicroTime(at)
+	s.kvc.Status.Members[i].ID, s.kvc.Status.Members[i].LastDefragmentTime = fmt.Sprintf("%x", s.member(i).ID), &t
+	return s
+}
+
+// TestRoutineDefragmentation: with no NOSPACE alarm, a member whose file reached half the quota
+// with a quarter of it free (or enough free to pass back under 80% of the quota) is defragmented,
+// followers by name first and the leader last, each at most once an hour, or once per window of
+// a schedule (which opens at a slot and lasts an hour); never with mode Off, during a rollout,
+// while a member does not answer, an alarm is raised or a backup runs, nor a file over 2 GiB.
+func TestRoutineDefragmentation(t *testing.T) {
+	policy := func(mode kvv1.DefragmentationMode, schedule string) func(*scenario) *scenario {
+		return func(s *scenario) *scenario {
+			s.kvc.Spec.Space.Defragmentation = kvv1.DefragmentationSpec{Mode: mode, Schedule: schedule}
+			return s
+		}
+	}
+	tests := []struct {
+		name string
+		s    *scenario
+		want string // the member defragmented
+	}{
+		{name: "half the quota, half of it free: the first follower", s: sized(60, 60, 60), want: "kv-1"},
+		{name: "the followers done within the hour: the next follower", s: sized(60, 60, 60).defragmentedAt(1, t0.Add(-30*time.Minute)), want: "kv-2"},
+		{name: "the followers done: the leader", s: sized(60, 60, 60).defragmentedAt(1, t0.Add(-30*time.Minute)).defragmentedAt(2, t0.Add(-20*time.Minute)), want: "kv-0"},
+		{name: "defragmented over an hour ago and worth it again: again", s: sized(60, 60, 60).defragmentedAt(1, t0.Add(-61*time.Minute)), want: "kv-1"},
+		{name: "below half the quota: not worth it", s: sized(49, 49, 49), want: ""},
+		{name: "under a quarter free: not worth it", s: func() *scenario {
+			s := sized(60, 60, 60)
+			for i := range 3 {
+				s.member(i).DBSizeInUse = 46 * mib
+			}
+			return s
+		}(), want: ""},
+		{name: "past the mark, enough free to pass back under it", s: func() *scenario {
+			s := sized(60, 60, 60).defragmented(all, 60, 60, 60)
+			s.member(2).DBSize, s.member(2).DBSizeInUse = 85*mib, 78*mib
+			return s
+		}(), want: "kv-2"},
+		{name: "free pages under a MiB: not worth it", s: func() *scenario {
+			s := sized(60, 60, 60).defragmented(all, 60, 60, 60)
+			s.member(1).DBSize += mib - 1
+			return s
+		}(), want: ""},
+		{name: "larger than 2 GiB: never while it serves", s: func() *scenario {
+			s := sized()
+			for i := range 3 {
+				s.member(i).DBSizeQuota, s.member(i).DBSize, s.member(i).DBSizeInUse = 8<<30, 5<<30, 1<<30
+			}
+			return s
+		}(), want: ""},
+		{name: "mode Off", s: policy(kvv1.DefragmentationOff, "")(sized(60, 60, 60)), want: ""},
+		{name: "a member does not answer", s: func() *scenario {
+			s := sized(60, 60, 60)
+			s.member(2).Healthy = false
+			return s
+		}(), want: ""},
+		{name: "during a rollout", s: sized(60, 60, 60).upgradeTo("3.7.4"), want: ""},
+		{name: "an alarm raised (CORRUPT)", s: func() *scenario {
+			s := sized(60, 60, 60)
+			s.obs.Cluster.Alarms = []members.Alarm{{MemberID: 3, Type: "CORRUPT"}}
+			return s
+		}(), want: ""},
+		{name: "a backup runs", s: func() *scenario {
+			s := sized(60, 60, 60)
+			s.obs.Jobs = []Job{{Job: preUpgradeJob("3.7.3", "")}}
+			return s
+		}(), want: ""},
+		{name: "outside the schedule's window", s: policy(kvv1.DefragmentationAuto, "0 3 * * *")(sized(60, 60, 60)), want: ""},
+		{name: "the window closed a minute ago", s: policy(kvv1.DefragmentationAuto, "59 10 * * *")(sized(60, 60, 60)), want: ""},
+		{name: "the window opened half an hour ago", s: policy(kvv1.DefragmentationAuto, "30 11 * * *")(sized(60, 60, 60)), want: "kv-1"},
+		{name: "in the window, the first follower done in it: the next", s: policy(kvv1.DefragmentationAuto, "30 11 * * *")(sized(60, 60, 60).defragmentedAt(1, t0.Add(-20*time.Minute))), want: "kv-2"},
+		{name: "a window opens: a member defragmented before it is again", s: policy(kvv1.DefragmentationAuto, "0 12 * * *")(sized(60, 60, 60).defragmentedAt(1, t0.Add(-20*time.Minute))), want: "kv-1"},
+		{name: "in a zone's window", s: policy(kvv1.DefragmentationAuto, "CRON_TZ=Europe/Berlin 30 12 * * *")(sized(60, 60, 60)), want: "kv-1"},
+		{name: "a zone that does not exist: nothing", s: policy(kvv1.DefragmentationAuto, "CRON_TZ=Nowhere/Land 30 12 * * *")(sized(60, 60, 60)), want: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Make(tt.s.kvc, tt.s.obs, t0, Config{})
+			f := p.FreeSpace
+			if f.Defragment != tt.want || f.Active || f.CompactTo != 0 {
+				t.Errorf("defragment %q (active %v, compact %d); want %q", f.Defragment, f.Active, f.CompactTo, tt.want)
+			}
+			if f.Defragment != "" && !strings.Contains(f.Endpoint, "//"+f.Defragment+".") {
+				t.Errorf("defragments %s at %s", f.Defragment, f.Endpoint)
+			}
+		})
+	}
+}
+
+// TestDefragmentationScheduleProblem: a schedule admission cannot check (an unknown zone, no slot
+// ever) is announced once per spec, as the spec changes.
+func TestDefragmentationScheduleProblem(t *testing.T) {
+	for _, tt := range []struct {
+		schedule   string
+		observed   int64
+		wantWarned bool
+	}{
+		{schedule: "0 3 * * *", observed: 0},
+		{schedule: "CRON_TZ=Nowhere/Land 0 3 * * *", observed: 0, wantWarned: true},
+		{schedule: "0 0 31 2 *", observed: 0, wantWarned: true},
+		{schedule: "0 0 31 2 *", observed: 1}, // announced for this generation already
+	} {
+		s := sized(10, 10, 10)
+		s.kvc.Spec.Space.Defragmentation.Schedule = tt.schedule
+		s.kvc.Status.ObservedGeneration = tt.observed
+		var warned []string
+		for _, e := range Make(s.kvc, s.obs, t0, Config{}).Events {
+			if e.Reason == EventInvalidDefragmentationSchedule {
+				warned = append(warned, e.Message)
+			}
+		}
+		if (len(warned) == 1) != tt.wantWarned || len(warned) > 1 {
+			t.Errorf("%q, observed generation %d: warned %q, want a warning: %v", tt.schedule, tt.observed, warned, tt.wantWarned)
 		}
 	}
 }

@@ -2,7 +2,8 @@
 // key after another through the cluster's client Service while the operator upgrades, scales or
 // heals the cluster. It serves what it saw on :8080 (read through the API server's pod proxy):
 //
-//	/report  writes acknowledged and failed so far, and the longest time without a successful write
+//	/report  writes acknowledged and failed so far, and the longest time without a successful write;
+//	         ?reset=true then starts that longest time afresh (to measure one step on its own)
 //	/halt    stops writing (e.g. before another cluster takes the Service's name) and reports
 //	/stop    stops writing, then checks that every acknowledged key is present and says which are not;
 //	         ?endpoints=... checks in another cluster (one restored from a backup of this one)
@@ -13,7 +14,8 @@
 //	/latency?n=2000  stops writing, then times n sequential 256-byte puts and reports percentiles
 //	/fill?key=...&kib=512  overwrites one key with kib-KiB values until etcd refuses a put (at its
 //	         quota: NOSPACE), filling the database with old revisions, and says how far it got;
-//	         &distinct=true writes key/000000, key/000001, ... instead: data that compaction cannot free
+//	         &distinct=true writes key/000000, key/000001, ... instead: data that compaction cannot free;
+//	         &puts=N stops after N puts
 package main
 
 import (
@@ -175,14 +177,15 @@ type Fill struct {
 const maxFillPuts = 2000
 
 // fill overwrites key (or, distinct, writes one key after another under it) with values of kib
-// KiB, each starting with its number, until etcd refuses one (the writing loop goes on beside it).
-func (w *writer) fill(ctx context.Context, key string, kib int, distinct bool) Fill {
+// KiB, each starting with its number, until etcd refuses one or puts were taken (the writing loop
+// goes on beside it).
+func (w *writer) fill(ctx context.Context, key string, kib int, distinct bool, puts int) Fill {
 	w.mu.Lock()
 	cli := w.cli
 	w.mu.Unlock()
 	padding := strings.Repeat("x", kib<<10-16)
 	var f Fill
-	for i := range maxFillPuts {
+	for i := range puts {
 		number := fmt.Sprintf("%016d", i)
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		k := key
@@ -197,7 +200,7 @@ func (w *writer) fill(ctx context.Context, key string, kib int, distinct bool) F
 		}
 		f.Puts, f.Last = f.Puts+1, number
 	}
-	f.Refused = fmt.Sprintf("none: %d puts of %d KiB all taken", maxFillPuts, kib)
+	f.Refused = fmt.Sprintf("none: %d puts of %d KiB all taken", puts, kib)
 	return f
 }
 
@@ -278,7 +281,15 @@ func main() {
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(rep)
 	}
-	http.HandleFunc("/report", func(rw http.ResponseWriter, _ *http.Request) { reply(rw, w.report(), nil) })
+	http.HandleFunc("/report", func(rw http.ResponseWriter, r *http.Request) {
+		rep := w.report()
+		if r.URL.Query().Get("reset") == "true" {
+			w.mu.Lock()
+			w.longest = 0
+			w.mu.Unlock()
+		}
+		reply(rw, rep, nil)
+	})
 	http.HandleFunc("/halt", func(rw http.ResponseWriter, _ *http.Request) {
 		w.mu.Lock()
 		w.stopped = true
@@ -337,12 +348,16 @@ func main() {
 	http.HandleFunc("/fill", func(rw http.ResponseWriter, r *http.Request) {
 		kib, err := strconv.Atoi(r.URL.Query().Get("kib"))
 		key := r.URL.Query().Get("key")
-		if err != nil || kib < 1 || kib > 1024 || key == "" {
-			http.Error(rw, "key must be set, kib a number of KiB from 1 to 1024", http.StatusBadRequest)
+		puts := maxFillPuts
+		if p := r.URL.Query().Get("puts"); p != "" && err == nil {
+			puts, err = strconv.Atoi(p)
+		}
+		if err != nil || kib < 1 || kib > 1024 || key == "" || puts < 1 || puts > maxFillPuts {
+			http.Error(rw, fmt.Sprintf("key must be set, kib a number of KiB from 1 to 1024, puts (optional) from 1 to %d", maxFillPuts), http.StatusBadRequest)
 			return
 		}
 		rw.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(rw).Encode(w.fill(r.Context(), key, kib, r.URL.Query().Get("distinct") == "true"))
+		_ = json.NewEncoder(rw).Encode(w.fill(r.Context(), key, kib, r.URL.Query().Get("distinct") == "true", puts))
 	})
 	http.HandleFunc("/servercert", func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()

@@ -149,6 +149,18 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: time
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentationMode
+  scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentationSpec
+  map:
+    fields:
+    - name: mode
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentationMode
+      default: Auto
+    - name: schedule
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionOutcome
   scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DeletionStep
@@ -481,6 +493,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: backendQuota
       type:
         namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: defragmentation
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentationSpec
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.StorageSpec
   map:
     fields:

@@ -18,6 +18,10 @@ type SpaceSpecApplyConfiguration struct {
 	// AutoCompaction is how much history each member keeps: older revisions are compacted away
 	// (their space is reused, the file does not shrink). Default: Periodic, one hour.
 	AutoCompaction *AutoCompactionSpecApplyConfiguration `json:"autoCompaction,omitempty"`
+	// Defragmentation is when the operator defragments members in routine operation, returning
+	// the pages compaction freed to the disk and the headroom under the quota. (Under the NOSPACE
+	// alarm it always defragments.) Default: mode Auto, at any time.
+	Defragmentation *DefragmentationSpecApplyConfiguration `json:"defragmentation,omitempty"`
 }
 
 // SpaceSpecApplyConfiguration constructs a declarative configuration of the SpaceSpec type for use with
@@ -39,5 +43,13 @@ func (b *SpaceSpecApplyConfiguration) WithBackendQuota(value resource.Quantity) 
 // If called multiple times, the AutoCompaction field is set to the value of the last call.
 func (b *SpaceSpecApplyConfiguration) WithAutoCompaction(value *AutoCompactionSpecApplyConfiguration) *SpaceSpecApplyConfiguration {
 	b.AutoCompaction = value
+	return b
+}
+
+// WithDefragmentation sets the Defragmentation field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Defragmentation field is set to the value of the last call.
+func (b *SpaceSpecApplyConfiguration) WithDefragmentation(value *DefragmentationSpecApplyConfiguration) *SpaceSpecApplyConfiguration {
+	b.Defragmentation = value
 	return b
 }
