@@ -51,6 +51,7 @@ func TestNoSpaceIsRecoveredWithoutAPerson(t *testing.T) {
 	if !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) || meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionSpacePressure) {
 		t.Errorf("after freeing space: %+v", got.Status.Conditions)
 	}
+	h.assertIdle(kvc, "recovered, the compaction and defragmentations recorded")
 	if c := got.Status.LastCompaction; c == nil || c.Revision != 5000 {
 		t.Errorf("status.lastCompaction = %+v, want revision 5000", c)
 	}
@@ -130,4 +131,5 @@ func TestRoutineDefragmentation(t *testing.T) {
 	if ev := drainEvents(h); strings.Count(ev, "MemberDefragmented defragmented") != 3 {
 		t.Errorf("events, want one MemberDefragmented per member:\n%s", ev)
 	}
+	h.assertIdle(kvc, "every member defragmented and recorded")
 }

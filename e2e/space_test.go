@@ -90,18 +90,19 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 					}
 					largest[m.Name] = status[0].Status.DBSize
 				}
-				// etcd compacts the minute-old revisions every minute; the operator looks every minute,
-				// and status shows a member's new size from the reconcile after its defragmentation.
+				// etcd compacts the minute-old revisions every minute (a compaction may free part of
+				// the fill, and the next one the rest); the operator looks every minute, and status
+				// shows a member's new size from the reconcile after its defragmentation.
 				var got *kvv1.KVCluster
 				err = wait.For(func(ctx context.Context) (bool, error) {
 					got = get(ctx, t, cfg, kvc)
 					return !slices.ContainsFunc(got.Status.Members, func(m kvv1.MemberStatus) bool {
-						return m.LastDefragmentTime == nil || m.DBSize == nil || m.DBSize.Value() > 4<<20
+						return m.LastDefragmentTime == nil || m.DBSize == nil || m.DBSize.Value() >= 12<<20
 					}), nil
 				}, wait.WithTimeout(5*time.Minute), wait.WithInterval(time.Second))
 				events := timeline(ctx, t, cfg, kvc.Namespace, kvc.Name)
 				if err != nil {
-					t.Fatalf("not every member defragmented to 4Mi or less: %+v\nevents:\n%s", got.Status.Members, strings.Join(events, "\n"))
+					t.Fatalf("not every member defragmented below half the quota: %+v\nevents:\n%s", got.Status.Members, strings.Join(events, "\n"))
 				}
 				rep := writerAsk(ctx, t, cfg, kvc, "report", "reset", "true")
 				t.Logf("every member defragmented %s after the fill; writes failed meanwhile: %d; the longest the writer went without a write: %d ms",

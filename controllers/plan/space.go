@@ -144,7 +144,13 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 	}
 	leader, _ := obs.Cluster.Leader()
 	compaction := kvc.Status.LastCompaction
-	if leader.Revision > 1 && (compaction == nil || leader.Revision > compaction.Revision) {
+	// The revision moves under the alarm too (deletes, expiring leases): a pass of
+	// defragmentations under way is finished before the next compaction, which would start it over.
+	moved := leader.Revision > 1 && (compaction == nil || leader.Revision > compaction.Revision)
+	due := func(m members.Member) bool { return m.DBSize >= mark && !defragmentedSince(kvc, m, compaction) }
+	underway := compaction != nil && slices.ContainsFunc(obs.Cluster.Members, due) &&
+		slices.ContainsFunc(obs.Cluster.Members, func(m members.Member) bool { return defragmentedSince(kvc, m, compaction) })
+	if moved && !underway {
 		return FreeSpace{Active: true, CompactTo: leader.Revision}
 	}
 	step := FreeSpace{Active: true}
@@ -152,7 +158,7 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 	pick := func(m members.Member) bool {
 		ord, ok := specs.OrdinalOfMember(kvc, m.Name)
 		switch {
-		case !ok || !worthDefragmenting(m, mark, minInUse) && (m.DBSize < mark || defragmentedSince(kvc, m, compaction)):
+		case !ok || !worthDefragmenting(m, mark, minInUse) && !due(m):
 			return false
 		case m.DBSize > maxOnlineDefragmentBytes:
 			step.TooLarge = append(step.TooLarge, m.Name)
@@ -166,14 +172,18 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 			return step
 		}
 	}
-	if !pick(leader) { // the leader goes last
+	switch {
+	case pick(leader): // the leader goes last
+	case moved: // the pass is over: compact what was deleted meanwhile, and start another
+		return FreeSpace{Active: true, CompactTo: leader.Revision}
+	default:
 		step.Exhausted = true
 	}
 	return step
 }
 
 // routineDefragmentationInterval is how often at most a member is defragmented in routine
-// operation (once per window with a schedule).
+// operation, and how long a schedule's window lasts.
 const routineDefragmentationInterval = time.Hour
 
 // worthRoutineDefragmentation: the member's database file reached half the quota, at least a MiB
@@ -187,7 +197,7 @@ func worthRoutineDefragmentation(m members.Member, quota int64) bool {
 
 // planRoutineDefragmentation picks the member to defragment in routine operation (see
 // kvv1.DefragmentationSpec): the followers by name, then the leader, each at most once an hour
-// (once per window with a schedule), only while the cluster is Ready, every member answers, etcd
+// (with a schedule: within the hour after a slot), only while the cluster is Ready, every member answers, etcd
 // reports no alarm and no backup runs (its snapshot would stall behind the defragmentation). A
 // Ready cluster is looked at every minute, so an opening window is seen within one.
 func planRoutineDefragmentation(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, quota *resource.Quantity, now time.Time) FreeSpace {
@@ -196,14 +206,13 @@ func planRoutineDefragmentation(kvc *kvv1.KVCluster, obs Observation, phase kvv1
 		quota == nil || quota.IsZero() || slices.ContainsFunc(obs.Jobs, func(j Job) bool { return !j.Done }) {
 		return FreeSpace{}
 	}
-	// Defragmented since windowStart: done for now.
-	windowStart := now.Add(-routineDefragmentationInterval)
+	doneSince := now.Add(-routineDefragmentationInterval) // a window lasts as long: once in each
 	if policy.Schedule != "" {
 		sched, err := backup.Parse(policy.Schedule, "", now)
 		if err != nil { // announced by defragmentationScheduleProblem
 			return FreeSpace{}
 		}
-		if windowStart, _ = sched.MostRecentSlot(windowStart, now, 0); windowStart.IsZero() {
+		if opened, _ := sched.MostRecentSlot(doneSince, now, 0); opened.IsZero() {
 			return FreeSpace{} // outside the window
 		}
 	}
@@ -214,7 +223,8 @@ func planRoutineDefragmentation(kvc *kvv1.KVCluster, obs Observation, phase kvv1
 		if !ok || !worthRoutineDefragmentation(m, quota.Value()) || m.DBSize > maxOnlineDefragmentBytes {
 			continue
 		}
-		if recorded := recordedMember(kvc, m.Name); recorded != nil && recorded.LastDefragmentTime != nil && !recorded.LastDefragmentTime.Time.Before(windowStart) {
+		if recorded := recordedMember(kvc, m.Name); recorded != nil && recorded.ID == fmt.Sprintf("%x", m.ID) &&
+			recorded.LastDefragmentTime != nil && !recorded.LastDefragmentTime.Time.Before(doneSince) {
 			continue
 		}
 		return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord)}

@@ -214,8 +214,18 @@ func TestFreeSpace(t *testing.T) {
 		{name: "then the next follower", s: noSpace(100, 100, 100).defragmented([]int{1}, 82).compacted(1), want: "defragment kv-2", wantReason: ReasonNoSpace},
 		{name: "the leader last", s: noSpace(100, 100, 100).defragmented([]int{1, 2}, 82, 82).compacted(1, 2), want: "defragment kv-0", wantReason: ReasonNoSpace},
 		{name: "room: disarm, nothing to compact", s: noSpace().defragmented(all, 2, 2, 79), want: "disarm 2", wantReason: ReasonNoSpace},
-		{name: "keys deleted since: the revision moved, compact again", s: func() *scenario {
+		{name: "keys deleted since the pass ended: compact again", s: func() *scenario {
 			s := noSpace().defragmented(all, 90, 90, 90).compacted(all...)
+			s.kvc.Status.LastCompaction.Revision = 800
+			return s
+		}(), want: "compact 900", wantReason: ReasonNoSpace},
+		{name: "keys deleted during the pass: the pass goes on first", s: func() *scenario {
+			s := noSpace(100, 100, 100).defragmented([]int{1}, 82).compacted(1)
+			s.kvc.Status.LastCompaction.Revision = 800
+			return s
+		}(), want: "defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "a new alarm long after the last pass: compact first", s: func() *scenario {
+			s := noSpace(100, 100, 100).compacted()
 			s.kvc.Status.LastCompaction.Revision = 800
 			return s
 		}(), want: "compact 900", wantReason: ReasonNoSpace},
@@ -412,7 +422,13 @@ func TestRoutineDefragmentation(t *testing.T) {
 		{name: "the window closed a minute ago", s: policy(kvv1.DefragmentationAuto, "59 10 * * *")(sized(60, 60, 60)), want: ""},
 		{name: "the window opened half an hour ago", s: policy(kvv1.DefragmentationAuto, "30 11 * * *")(sized(60, 60, 60)), want: "kv-1"},
 		{name: "in the window, the first follower done in it: the next", s: policy(kvv1.DefragmentationAuto, "30 11 * * *")(sized(60, 60, 60).defragmentedAt(1, t0.Add(-20*time.Minute))), want: "kv-2"},
-		{name: "a window opens: a member defragmented before it is again", s: policy(kvv1.DefragmentationAuto, "0 12 * * *")(sized(60, 60, 60).defragmentedAt(1, t0.Add(-20*time.Minute))), want: "kv-1"},
+		{name: "a window opens: a member defragmented within the hour before is not again", s: policy(kvv1.DefragmentationAuto, "0 12 * * *")(sized(60, 60, 60).defragmentedAt(1, t0.Add(-20*time.Minute))), want: "kv-2"},
+		{name: "every five minutes: still at most once an hour", s: policy(kvv1.DefragmentationAuto, "*/5 * * * *")(sized(60, 60, 60).defragmentedAt(1, t0.Add(-50*time.Minute))), want: "kv-2"},
+		{name: "a member replaced since its defragmentation (another ID)", s: func() *scenario {
+			s := sized(60, 60, 60).defragmentedAt(1, t0.Add(-10*time.Minute))
+			s.kvc.Status.Members[1].ID = "99"
+			return s
+		}(), want: "kv-1"},
 		{name: "in a zone's window", s: policy(kvv1.DefragmentationAuto, "CRON_TZ=Europe/Berlin 30 12 * * *")(sized(60, 60, 60)), want: "kv-1"},
 		{name: "a zone that does not exist: nothing", s: policy(kvv1.DefragmentationAuto, "CRON_TZ=Nowhere/Land 30 12 * * *")(sized(60, 60, 60)), want: ""},
 	}
