@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -278,7 +279,9 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 		}
 		switch {
 		case part.Issue:
-			r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventCertificateIssued, "Certificates",
+			// The Secret is the related object, so each certificate's event stands on its own (see memberPod).
+			secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kvc.Namespace}}
+			r.Recorder.Eventf(kvc, secret, corev1.EventTypeNormal, plan.EventCertificateIssued, "Certificates",
 				"issued the %s certificate in Secret %s: %s", part.Part, name, part.Why)
 		case part.Part == specs.TLSCA && part.Why != "":
 			r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventCARotated, "Certificates",
@@ -416,8 +419,19 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		}
 	}
 	log.FromContext(ctx).Info("rollout step", "action", ro.Action.Event(), "member", name, "message", ro.Message)
-	r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, ro.Action.Event(), ro.Reason, "%s", ro.Message)
+	var related runtime.Object
+	if ro.Action != plan.ActPreUpgradeBackup {
+		related = memberPod(kvc, name)
+	}
+	r.Recorder.Eventf(kvc, related, corev1.EventTypeNormal, ro.Action.Event(), ro.Reason, "%s", ro.Message)
 	return true, nil
+}
+
+// memberPod names a member's pod, the related object of an event about the member: events of one
+// reason and action about the same objects are folded into one series for minutes, keeping the
+// first message only, so steps on different members would show as one.
+func memberPod(kvc *kvv1.KVCluster, name string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kvc.Namespace}}
 }
 
 // unstartedLearner: etcd still reports the member as a learner that never started. Checked again
@@ -450,7 +464,7 @@ func (r *KVClusterReconciler) etcdRefused(ctx context.Context, kvc *kvv1.KVClust
 		log.FromContext(ctx).Info("etcd refused a membership change for now; trying again", "step", ro.Message, "error", err.Error())
 		return false, nil
 	}
-	r.Recorder.Eventf(kvc, nil, corev1.EventTypeWarning, plan.EventMembershipChangeFailed, ro.Reason, "%s: etcd refused: %v", ro.Message, err)
+	r.Recorder.Eventf(kvc, memberPod(kvc, specs.MemberName(kvc, ro.Ordinal)), corev1.EventTypeWarning, plan.EventMembershipChangeFailed, ro.Reason, "%s: etcd refused: %v", ro.Message, err)
 	return false, nil
 }
 
@@ -502,15 +516,13 @@ func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster
 		if err := etcd.Defragment(ctx, step.Endpoint); err != nil {
 			return failed("defragmenting "+step.Defragment, err)
 		}
-		// The member's pod is the related object, and the action says why: events of one reason
-		// and action about the same objects are folded into one series for minutes, keeping the
-		// first message only.
-		member := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: step.Defragment, Namespace: kvc.Namespace}}
+		// The action says why: a routine defragmentation and one under the alarm are not folded
+		// into one series (see memberPod).
 		action, why := "FreeSpace", "under the NOSPACE alarm"
 		if !step.Active {
 			action, why = "Defragment", "in routine operation (spec.space.defragmentation)"
 		}
-		r.Recorder.Eventf(kvc, member, corev1.EventTypeNormal, plan.EventMemberDefragmented, action,
+		r.Recorder.Eventf(kvc, memberPod(kvc, step.Defragment), corev1.EventTypeNormal, plan.EventMemberDefragmented, action,
 			"defragmented %s in %s %s, returning its free pages to the disk (it served no request meanwhile)", step.Defragment, r.Clock.Since(start).Round(time.Millisecond), why)
 		return 0, step.Defragment, false
 	case len(step.Disarm) > 0:

@@ -224,6 +224,14 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 			if !strings.Contains(events, "LeaderMoved") {
 				t.Errorf("no LeaderMoved event:\n%s", events)
 			}
+			// One event per member restarted, not one series showing the first member only.
+			for _, name := range []string{"roll-0", "roll-1", "roll-2"} {
+				if !slices.ContainsFunc(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name), func(e string) bool {
+					return strings.HasPrefix(e, "MemberRestarted: ") && strings.Contains(e, name)
+				}) {
+					t.Errorf("no MemberRestarted event for %s:\n%s", name, events)
+				}
+			}
 			// A node drain may take one of three members, with the pre-upgrade backup's pod still
 			// there (a Job's pod counted as a member made the budget allow nothing).
 			pdb := &policyv1.PodDisruptionBudget{}
