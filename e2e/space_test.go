@@ -235,20 +235,39 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 			}).
 		Assess("filled with data compaction cannot free: SpaceExhausted says what to do; a larger spec.space.backendQuota rolls the members and lifts the alarm",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-				raw, err := writerGet(ctx, t, cfg, kvc, "fill", "key", "e2e/space/keys", "kib", "512", "distinct", "true")
-				var fill fillReport
-				if err != nil || json.Unmarshal(raw, &fill) != nil || !strings.Contains(fill.Refused, "database space exceeded") {
-					t.Fatalf("fill with distinct keys: %v: %s", err, raw)
-				}
-				filled := time.Now()
+				// Fragmentation alone can bring a file to the quota with the data well under it: then
+				// the operator frees it and disarms, and the next round adds more distinct keys,
+				// until the data itself fills 80% of the quota.
+				var puts, rounds int
 				var exhausted *metav1.Condition
-				if err := wait.For(func(ctx context.Context) (bool, error) {
-					exhausted = meta.FindStatusCondition(get(ctx, t, cfg, kvc).Status.Conditions, kvv1.ConditionSpacePressure)
-					return exhausted != nil && exhausted.Reason == "SpaceExhausted", nil
-				}, wait.WithTimeout(3*time.Minute), wait.WithInterval(time.Second)); err != nil {
-					t.Fatalf("%d distinct keys of 512 KiB fill the quota, and SpacePressure says %+v", fill.Puts, exhausted)
+				filled := time.Now()
+				for verdict := ""; verdict != "SpaceExhausted"; {
+					if rounds++; rounds > 4 {
+						t.Fatalf("%d distinct keys of 512 KiB in %d rounds, and no SpaceExhausted: %+v", puts, rounds-1, exhausted)
+					}
+					raw, err := writerGet(ctx, t, cfg, kvc, "fill", "key", fmt.Sprintf("e2e/space/keys/r%d", rounds), "kib", "512", "distinct", "true")
+					var fill fillReport
+					if err != nil || json.Unmarshal(raw, &fill) != nil || !strings.Contains(fill.Refused, "database space exceeded") {
+						t.Fatalf("fill with distinct keys: %v: %s", err, raw)
+					}
+					puts, filled, verdict = puts+fill.Puts, time.Now(), ""
+					if err := wait.For(func(ctx context.Context) (bool, error) {
+						exhausted = meta.FindStatusCondition(get(ctx, t, cfg, kvc).Status.Conditions, kvv1.ConditionSpacePressure)
+						switch {
+						case exhausted != nil && exhausted.Reason == "SpaceExhausted":
+							verdict = exhausted.Reason
+						case exhausted != nil && exhausted.Reason == "NoSpace":
+							verdict = "NoSpace seen"
+						case verdict == "NoSpace seen" && exhausted != nil && exhausted.Status == metav1.ConditionFalse:
+							verdict = "recovered"
+						}
+						return verdict == "SpaceExhausted" || verdict == "recovered", nil
+					}, wait.WithTimeout(3*time.Minute), wait.WithInterval(time.Second)); err != nil {
+						t.Fatalf("round %d: %d distinct keys of 512 KiB fill the quota, and SpacePressure says %+v", rounds, puts, exhausted)
+					}
+					t.Logf("round %d: %d distinct keys in all; %s", rounds, puts, verdict)
 				}
-				t.Logf("%d distinct keys; SpaceExhausted after %s: %s", fill.Puts, time.Since(filled).Round(time.Second), exhausted.Message)
+				t.Logf("%d distinct keys; SpaceExhausted after %s: %s", puts, time.Since(filled).Round(time.Second), exhausted.Message)
 				if !strings.Contains(exhausted.Message, "raise spec.space.backendQuota") {
 					t.Errorf("SpaceExhausted does not say what to do: %s", exhausted.Message)
 				}
@@ -271,10 +290,10 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				}
 				t.Logf("the members rolled onto the 48Mi quota and the alarm was disarmed %s after the change", time.Since(start).Round(time.Second))
 				etcdctl(ctx, t, cfg, kvc, "full-0", "put", "e2e/space/after", "written once the quota was raised")
-				// The acknowledged keys, and maybe the one refused at the quota (see above).
+				// The acknowledged keys, and maybe the one refused at the quota in each round (see above).
 				keys := strings.Fields(etcdctl(ctx, t, cfg, kvc, "full-1", "get", "e2e/space/keys/", "--prefix", "--keys-only"))
-				if len(keys) != fill.Puts && len(keys) != fill.Puts+1 {
-					t.Errorf("%d keys under e2e/space/keys/, want the %d acknowledged", len(keys), fill.Puts)
+				if len(keys) < puts || len(keys) > puts+rounds {
+					t.Errorf("%d keys under e2e/space/keys/, want the %d acknowledged (and at most one more per round)", len(keys), puts)
 				}
 				return ctx
 			}).
