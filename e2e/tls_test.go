@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,16 @@ func TestTLSCluster(t *testing.T) {
 			t.Logf("Ready after %s; endpoint %s; members %s", time.Since(start).Round(time.Second), got.Status.ClientEndpoint, ids(got))
 			if !strings.HasPrefix(got.Status.ClientEndpoint, "https://") || len(got.Status.Members) != 3 {
 				t.Errorf("endpoint %s, members %+v; want 3 members behind https", got.Status.ClientEndpoint, got.Status.Members)
+			}
+			// One event per certificate issued (issued in one reconcile: not one series showing the CA's).
+			events := timeline(ctx, t, cfg, kvc.Namespace, kvc.Name)
+			for _, part := range []string{"ca", "server", "peer", "client"} {
+				secret := kvc.Name + "-tls-" + part
+				if !slices.ContainsFunc(events, func(e string) bool {
+					return strings.HasPrefix(e, "CertificateIssued: ") && strings.Contains(e, "Secret "+secret+":")
+				}) {
+					t.Errorf("no CertificateIssued event for %s:\n%s", secret, strings.Join(events, "\n"))
+				}
 			}
 			return ctx
 		}).
