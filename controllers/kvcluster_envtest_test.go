@@ -328,6 +328,11 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 		{"6-field cron", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0 0 3 * * *" }, "exactly 5 fields"},
 		{"cron word", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "daily" }, "exactly 5 fields"},
 		{"@every has no slots", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "@every 5m" }, "@every are not accepted"},
+		{"a zone and 4 fields", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "CRON_TZ=Europe/Berlin 0 3 * *" }, "exactly 5 fields"},
+		{"6 fields apart by tabs", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0\t0\t3 * * *" }, "exactly 5 fields"},
+		{"a zone and 5 fields", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "CRON_TZ=Europe/Berlin 0 3 * * *" }, ""},
+		{"a zone and a descriptor", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "CRON_TZ=UTC @daily" }, ""},
+		{"a descriptor", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "@hourly" }, ""},
 		{"tiny volume", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("10Mi") }, "at least 64Mi"},
 		{"unknown network policy mode", func(k *kvv1.KVCluster) { k.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: "Off"} }, "spec.networkPolicy.mode"},
 		{"clients named with the network policy disabled", func(k *kvv1.KVCluster) {
