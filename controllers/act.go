@@ -67,11 +67,9 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	if disarmed := r.disarm(ctx, kvc, etcd, p.Disarm, p.Endpoints); disarmed {
 		acted = true
 	}
-	if compacted, defragmented, freed := r.freeSpace(ctx, kvc, etcd, p.FreeSpace, p.Endpoints); compacted > 0 || defragmented != "" {
-		obs.Compacted, obs.Defragmented, acted = compacted, defragmented, true
+	if compacted, defragmented, disarmed := r.freeSpace(ctx, kvc, etcd, p.FreeSpace, p.Endpoints); compacted > 0 || defragmented != "" || disarmed {
+		obs.Compacted, obs.Defragmented, obs.Disarmed, acted = compacted, defragmented, disarmed, true
 		p = plan.Make(kvc, obs, now, r.planConfig())
-	} else if freed {
-		acted = true
 	}
 	if err := r.backupJobs(ctx, kvc, p.Backups); err != nil {
 		return ctrl.Result{}, err

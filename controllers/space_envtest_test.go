@@ -52,8 +52,8 @@ func TestNoSpaceIsRecoveredWithoutAPerson(t *testing.T) {
 		t.Errorf("after freeing space: %+v", got.Status.Conditions)
 	}
 	h.assertIdle(kvc, "recovered, the compaction and defragmentations recorded")
-	if c := got.Status.LastCompaction; c == nil || c.Revision != 5000 {
-		t.Errorf("status.lastCompaction = %+v, want revision 5000", c)
+	if c := got.Status.LastCompaction; c == nil || c.Revision != 5000 || c.DisarmedTime == nil || !c.Time.Before(c.DisarmedTime) {
+		t.Errorf("status.lastCompaction = %+v, want revision 5000, disarmed after it", c)
 	}
 	for _, m := range got.Status.Members {
 		if m.LastDefragmentTime == nil || !got.Status.LastCompaction.Time.Before(m.LastDefragmentTime) {

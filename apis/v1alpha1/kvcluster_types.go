@@ -46,7 +46,7 @@ type KVClusterSpec struct {
 	//
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:XValidation:rule="self.size() == 0 || self.matches('^((CRON_)?TZ=[^[:space:]]+[[:space:]]+)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^[:space:]@=]+([[:space:]]+[^[:space:]@=]+){4})$')",message="backupSchedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
+	// +kubebuilder:validation:XValidation:rule="self.size() == 0 || self.matches('^((CRON_)?TZ=[^[:space:]]+ +)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^[:space:]@=]+( +[^[:space:]@=]+){4})$')",message="backupSchedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
 	BackupSchedule string `json:"backupSchedule,omitempty"`
 
 	// Backup says where backups go (scheduled ones and the final one taken when the KVCluster is
@@ -691,7 +691,7 @@ type DefragmentationSpec struct {
 	//
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:XValidation:rule="self.size() == 0 || self.matches('^((CRON_)?TZ=[^[:space:]]+[[:space:]]+)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^[:space:]@=]+([[:space:]]+[^[:space:]@=]+){4})$')",message="defragmentation.schedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
+	// +kubebuilder:validation:XValidation:rule="self.size() == 0 || self.matches('^((CRON_)?TZ=[^[:space:]]+ +)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^[:space:]@=]+( +[^[:space:]@=]+){4})$')",message="defragmentation.schedule must have exactly 5 fields (minute hour day-of-month month day-of-week), e.g. '0 3 * * *', or be one of @yearly, @monthly, @weekly, @daily, @hourly; 6-field (seconds) schedules and @every are not accepted"
 	Schedule string `json:"schedule,omitempty"`
 }
 
@@ -825,6 +825,10 @@ type Compaction struct {
 	// Time is when the compaction was done (to the microsecond: members are defragmented after it,
 	// maybe within the same second).
 	Time metav1.MicroTime `json:"time"`
+	// DisarmedTime is when the operator disarmed the NOSPACE alarm after it: the defragmentations
+	// the compaction started are over, and the next alarm starts with a compaction of its own.
+	// +optional
+	DisarmedTime *metav1.MicroTime `json:"disarmedTime,omitempty"`
 }
 
 // KVClusterStatus is the observed state of a KVCluster.

@@ -18,7 +18,7 @@ import (
 // Observation is what one reconcile saw of a cluster, read once before anything is decided:
 // Kubernetes (from the cache) and etcd (live). Outcomes of acting are observed too: an apply the
 // API server refuses (ApplyRejected, ForeignChildren), or a step freeing space (Compacted,
-// Defragmented), after which the cluster is planned again.
+// Defragmented, Disarmed), after which the cluster is planned again.
 type Observation struct {
 	// ReadyMembers is the StatefulSet's count of ready member pods.
 	ReadyMembers int32
@@ -58,9 +58,11 @@ type Observation struct {
 	// ApplyRejected is why the API server refused to apply the cluster's objects.
 	ApplyRejected string
 	// Compacted is the revision a compaction just went to (0: none), and Defragmented the member
-	// just defragmented: the sizes in Cluster, read before, do not show what they freed.
+	// just defragmented: the sizes in Cluster, read before, do not show what they freed. Disarmed:
+	// the cluster's NOSPACE alarm was just disarmed (Cluster still lists it).
 	Compacted    int64
 	Defragmented string
+	Disarmed     bool
 
 	// TLS is the data of the cluster's TLS Secrets that exist, by part (specs.TLSCA, TLSServer,
 	// TLSPeer, TLSClient).

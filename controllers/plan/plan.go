@@ -116,8 +116,11 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
-	if obs.Compacted > 0 {
-		st.LastCompaction = &kvv1.Compaction{Revision: obs.Compacted, Time: metav1.NewMicroTime(now.Truncate(time.Microsecond))}
+	switch at := metav1.NewMicroTime(now.Truncate(time.Microsecond)); {
+	case obs.Compacted > 0:
+		st.LastCompaction = &kvv1.Compaction{Revision: obs.Compacted, Time: at}
+	case obs.Disarmed && st.LastCompaction != nil && st.LastCompaction.DisarmedTime == nil:
+		st.LastCompaction.DisarmedTime = &at
 	}
 	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(kvc, st), now)
 	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, p.FreeSpace, now)...)

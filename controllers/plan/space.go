@@ -130,7 +130,7 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 		return FreeSpace{Waiting: "until every member answers"}
 	case !announced || quota == nil || quota.IsZero(): // announced in this reconcile; freed from the next
 		return FreeSpace{}
-	case obs.Compacted > 0 || obs.Defragmented != "": // planned again to record it; what it freed shows next time
+	case obs.Compacted > 0 || obs.Defragmented != "" || obs.Disarmed: // planned again to record it; what it freed shows next time
 		return FreeSpace{Active: true, Exhausted: said.Reason == ReasonSpaceExhausted}
 	}
 	mark := quota.Value() * NearQuotaPercent / 100
@@ -146,9 +146,10 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 	compaction := kvc.Status.LastCompaction
 	// The revision moves under the alarm too (deletes, expiring leases): a pass of
 	// defragmentations under way is finished before the next compaction, which would start it over.
+	// A pass ends when the alarm is disarmed: the next alarm starts with a compaction.
 	moved := leader.Revision > 1 && (compaction == nil || leader.Revision > compaction.Revision)
 	due := func(m members.Member) bool { return m.DBSize >= mark && !defragmentedSince(kvc, m, compaction) }
-	underway := compaction != nil && slices.ContainsFunc(obs.Cluster.Members, due) &&
+	underway := compaction != nil && compaction.DisarmedTime == nil && slices.ContainsFunc(obs.Cluster.Members, due) &&
 		slices.ContainsFunc(obs.Cluster.Members, func(m members.Member) bool { return defragmentedSince(kvc, m, compaction) })
 	if moved && !underway {
 		return FreeSpace{Active: true, CompactTo: leader.Revision}

@@ -224,6 +224,13 @@ func TestFreeSpace(t *testing.T) {
 			s.kvc.Status.LastCompaction.Revision = 800
 			return s
 		}(), want: "defragment kv-2", wantReason: ReasonNoSpace},
+		{name: "a new alarm after the last pass was disarmed, one member not defragmented in it: compact first", s: func() *scenario {
+			s := noSpace(100, 100, 100).defragmented([]int{1}, 82).compacted(0, 1)
+			s.kvc.Status.LastCompaction.Revision = 800
+			disarmed := metav1.NewMicroTime(t0.Add(-20 * time.Second))
+			s.kvc.Status.LastCompaction.DisarmedTime = &disarmed
+			return s
+		}(), want: "compact 900", wantReason: ReasonNoSpace},
 		{name: "a new alarm long after the last pass: compact first", s: func() *scenario {
 			s := noSpace(100, 100, 100).compacted()
 			s.kvc.Status.LastCompaction.Revision = 800
@@ -327,8 +334,8 @@ func TestFreeSpace(t *testing.T) {
 	}
 }
 
-// TestFreeingSpaceIsRecorded: status records the operator's compaction (its revision and time)
-// and, per member, when the operator last defragmented it; a member etcd knows by another ID
+// TestFreeingSpaceIsRecorded: status records the operator's compaction (its revision and time,
+// and when the alarm was disarmed after it) and, per member, when the operator last defragmented it; a member etcd knows by another ID
 // since (replaced) starts without one, and a member that does not answer keeps its own.
 func TestFreeingSpaceIsRecorded(t *testing.T) {
 	s := noSpace(100, 100, 100).compacted(1)
@@ -337,8 +344,12 @@ func TestFreeingSpaceIsRecorded(t *testing.T) {
 	s.member(1).Healthy = false
 	st := Make(s.kvc, s.obs, t0, Config{}).Status
 
-	if c := st.LastCompaction; c == nil || c.Revision != 950 || !c.Time.Equal(&metav1.MicroTime{Time: t0}) {
+	if c := st.LastCompaction; c == nil || c.Revision != 950 || !c.Time.Equal(&metav1.MicroTime{Time: t0}) || c.DisarmedTime != nil {
 		t.Errorf("lastCompaction = %+v, want revision 950 at %s", c, t0)
+	}
+	s.obs.Compacted, s.obs.Defragmented, s.obs.Disarmed = 0, "", true
+	if c := Make(s.kvc, s.obs, t0, Config{}).Status.LastCompaction; c == nil || c.Revision != 900 || c.DisarmedTime == nil || !c.DisarmedTime.Equal(&metav1.MicroTime{Time: t0}) {
+		t.Errorf("after disarming: lastCompaction = %+v, want revision 900 disarmed at %s", c, t0)
 	}
 	want := map[string]*metav1.MicroTime{"kv-0": nil, "kv-1": {Time: t0.Add(-30 * time.Second)}, "kv-2": {Time: t0}}
 	for _, m := range st.Members {

@@ -143,6 +143,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.Compaction
   map:
     fields:
+    - name: disarmedTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime
     - name: revision
       type:
         scalar: numeric

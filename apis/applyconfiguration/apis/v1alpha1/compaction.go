@@ -16,6 +16,9 @@ type CompactionApplyConfiguration struct {
 	// Time is when the compaction was done (to the microsecond: members are defragmented after it,
 	// maybe within the same second).
 	Time *v1.MicroTime `json:"time,omitempty"`
+	// DisarmedTime is when the operator disarmed the NOSPACE alarm after it: the defragmentations
+	// the compaction started are over, and the next alarm starts with a compaction of its own.
+	DisarmedTime *v1.MicroTime `json:"disarmedTime,omitempty"`
 }
 
 // CompactionApplyConfiguration constructs a declarative configuration of the Compaction type for use with
@@ -37,5 +40,13 @@ func (b *CompactionApplyConfiguration) WithRevision(value int64) *CompactionAppl
 // If called multiple times, the Time field is set to the value of the last call.
 func (b *CompactionApplyConfiguration) WithTime(value v1.MicroTime) *CompactionApplyConfiguration {
 	b.Time = &value
+	return b
+}
+
+// WithDisarmedTime sets the DisarmedTime field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the DisarmedTime field is set to the value of the last call.
+func (b *CompactionApplyConfiguration) WithDisarmedTime(value v1.MicroTime) *CompactionApplyConfiguration {
+	b.DisarmedTime = &value
 	return b
 }
