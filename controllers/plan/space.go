@@ -64,8 +64,9 @@ type FreeSpace struct {
 	// Waiting says what keeps freeing from starting.
 	Active  bool
 	Waiting string
-	// CompactTo is the revision to compact to (0: none). A step that compacted or defragmented
-	// is observed (Observation.Compacted, Defragmented) and planned again, to record it in status.
+	// CompactTo is the revision to compact to (0: none). A step that compacted, defragmented or
+	// disarmed is observed (Observation.Compacted, Defragmented, Disarmed) and planned again, to
+	// record it in status.
 	CompactTo int64
 	// Defragment is the member to defragment, at Endpoint ("": none).
 	Defragment, Endpoint string
@@ -198,9 +199,9 @@ func worthRoutineDefragmentation(m members.Member, quota int64) bool {
 
 // planRoutineDefragmentation picks the member to defragment in routine operation (see
 // kvv1.DefragmentationSpec): the followers by name, then the leader, each at most once an hour
-// (with a schedule: within the hour after a slot), only while the cluster is Ready, every member answers, etcd
-// reports no alarm and no backup runs (its snapshot would stall behind the defragmentation). A
-// Ready cluster is looked at every minute, so an opening window is seen within one.
+// (with a schedule: within the hour after a slot), only while the cluster is Ready, every member
+// answers, etcd reports no alarm and no backup runs (its snapshot would stall behind the
+// defragmentation). A Ready cluster is looked at every minute: an opening window is seen within one.
 func planRoutineDefragmentation(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, quota *resource.Quantity, now time.Time) FreeSpace {
 	policy := kvc.Spec.Space.Defragmentation
 	if policy.Mode == kvv1.DefragmentationOff || phase != kvv1.PhaseReady || !obs.membersHealthy(kvc) || len(obs.Cluster.Alarms) > 0 ||
