@@ -57,6 +57,15 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 			applyErr = err
 		}
 	}
+	if applyErr == nil && len(p.ExpandClaims) > 0 {
+		switch err := r.expandClaims(ctx, kvc, p.ExpandClaims); {
+		case rejected(err):
+			obs.ApplyRejected = err.Error()
+			p = plan.Make(kvc, obs, now, r.planConfig())
+		default:
+			applyErr = err
+		}
+	}
 	acted := false
 	if p.Rollout.Action != plan.ActWait && applyErr == nil { // a rollout step waits for the objects it builds on
 		var err error
@@ -123,14 +132,27 @@ func (r *KVClusterReconciler) applyFinalizer(ctx context.Context, kvc *kvv1.KVCl
 
 // adoptClaims labels leftover claims with this cluster's UID (kvcluster.io/adopt-volumes), so
 // they stay its own once the annotation is gone.
-func (r *KVClusterReconciler) adoptClaims(ctx context.Context, kvc *kvv1.KVCluster, names []string) error {
-	for _, name := range names {
-		mine := corev1ac.PersistentVolumeClaim(name, kvc.Namespace).WithLabels(map[string]string{specs.ClusterUIDLabel: string(kvc.UID)})
-		if err := r.Client.Apply(ctx, mine, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
-			return fmt.Errorf("adopt volume claim %s/%s: %w", kvc.Namespace, name, err)
+func (r *KVClusterReconciler) adoptClaims(ctx context.Context, kvc *kvv1.KVCluster, claims []plan.ClaimUpdate) error {
+	for _, c := range claims {
+		if err := r.Client.Apply(ctx, specs.MemberClaim(kvc, c.Name, c.UID, c.Size), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			return fmt.Errorf("adopt volume claim %s/%s: %w", kvc.Namespace, c.Name, err)
 		}
 		r.Recorder.Eventf(kvc, nil, corev1.EventTypeNormal, plan.EventVolumeAdopted, "Adopt",
-			"adopted volume claim %s (%s=true): its member starts on the data it holds", name, kvv1.AnnotationAdoptVolumes)
+			"adopted volume claim %s (%s=true): its member starts on the data it holds", c.Name, kvv1.AnnotationAdoptVolumes)
+	}
+	return nil
+}
+
+// expandClaims asks for more space in members' claims; their StorageClass's provisioner grows the
+// volumes (see plan.ClaimExpansion).
+func (r *KVClusterReconciler) expandClaims(ctx context.Context, kvc *kvv1.KVCluster, claims []plan.ClaimUpdate) error {
+	for _, c := range claims {
+		if err := r.Client.Apply(ctx, specs.MemberClaim(kvc, c.Name, c.UID, c.Size), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			return fmt.Errorf("expand volume claim %s/%s to %s: %w", kvc.Namespace, c.Name, c.Size.String(), err)
+		}
+		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: kvc.Namespace}}
+		r.Recorder.Eventf(kvc, claim, corev1.EventTypeNormal, plan.EventVolumeExpansion, "ExpandVolume",
+			"asked for %s in volume claim %s (was %s): its StorageClass's provisioner grows the volume", c.Size.String(), c.Name, c.From.String())
 	}
 	return nil
 }

@@ -419,8 +419,11 @@ func TestAdmissionRejectsInvalidManifests(t *testing.T) {
 	}{
 		{"ok: partitions change (scaling)", func(k *kvv1.KVCluster) { k.Spec.Partitions = 5 }, ""},
 		{"partitions beyond the maximum", func(k *kvv1.KVCluster) { k.Spec.Partitions = 10 }, "less than or equal to 9"},
-		{"storage size change", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("2Gi") }, "storage cannot be changed after creation"},
-		{"storage class change", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "other" }, "storage cannot be changed after creation"},
+		{"storage shrinks", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("512Mi") }, "spec.storage.size cannot shrink from 1Gi to 512Mi"},
+		{"storage class change", func(k *kvv1.KVCluster) { k.Spec.Storage.StorageClassName = "other" }, "storageClassName cannot be changed after creation"},
+		{"ok: storage grows", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("2Gi") }, ""},
+		{"the grown storage cannot shrink back", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("1Gi") }, "storage.size cannot shrink"},
+		{"ok: the same size written another way", func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("2048Mi") }, ""},
 		{"ok: schedule change", func(k *kvv1.KVCluster) { k.Spec.BackupSchedule = "0 * * * *" }, ""},
 		{"restore added later", func(k *kvv1.KVCluster) {
 			k.Spec.Restore = &kvv1.RestoreSpec{S3: k.Spec.Backup.S3, Key: "team/x.db"}

@@ -12,9 +12,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -30,12 +32,16 @@ import (
 // It returns the client that speaks to the cluster's members (with its client certificate when
 // the cluster has TLS).
 func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) (plan.Observation, members.Client, error) {
-	obs := plan.Observation{Pods: map[int]plan.Pod{}}
+	obs := plan.Observation{Pods: map[int]plan.Pod{}, Claims: map[int]plan.Claim{}}
 	etcd := r.Members
 	var sts appsv1.StatefulSet
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts); {
 	case err == nil:
-		obs.STSClaimsUnlabelled = len(sts.Spec.VolumeClaimTemplates) > 0 && sts.Spec.VolumeClaimTemplates[0].Labels[specs.ClusterUIDLabel] == ""
+		if len(sts.Spec.VolumeClaimTemplates) > 0 {
+			template := sts.Spec.VolumeClaimTemplates[0]
+			obs.STSClaimsUnlabelled = template.Labels[specs.ClusterUIDLabel] == ""
+			obs.STSClaimSize = template.Spec.Resources.Requests[corev1.ResourceStorage]
+		}
 		obs.ReadyMembers = sts.Status.ReadyReplicas
 		obs.STSReplicas = sts.Spec.Replicas
 		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
@@ -43,6 +49,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		if t, ok := specs.PodTransport(sts.Spec.Template.Spec); ok {
 			obs.STSTransport = &t
 		}
+		obs.STSQuota, _ = specs.PodQuota(sts.Spec.Template.Spec)
 	case !apierrors.IsNotFound(err):
 		return obs, nil, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
@@ -70,6 +77,9 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		return obs, nil, err
 	}
 	if obs.LeftoverClaims, err = r.leftoverClaims(ctx, kvc, obs); err != nil {
+		return obs, nil, err
+	}
+	if obs.ExpandableClasses, err = r.expandableClasses(ctx, kvc, obs.Claims); err != nil {
 		return obs, nil, err
 	}
 
@@ -153,8 +163,13 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 	}
 	claimUIDs := map[string]types.UID{}
 	for _, c := range claims.Items {
-		if c.DeletionTimestamp == nil {
-			claimUIDs[c.Name] = c.UID
+		if c.DeletionTimestamp != nil {
+			continue
+		}
+		claimUIDs[c.Name] = c.UID
+		if ord, ok := specs.OrdinalOfClaim(kvc, c.Name); ok {
+			obs.Claims[ord] = plan.Claim{Name: c.Name, UID: c.UID, Bound: c.Status.Phase == corev1.ClaimBound, Class: ptr.Deref(c.Spec.StorageClassName, ""),
+				Requested: c.Spec.Resources.Requests[corev1.ResourceStorage], Capacity: c.Status.Capacity[corev1.ResourceStorage]}
 		}
 	}
 	var pods corev1.PodList
@@ -189,6 +204,30 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 		obs.Pods[ord] = info
 	}
 	return nil
+}
+
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get
+
+// expandableClasses reads, for the StorageClass of each bound claim that asks for less than
+// storage.size, whether it allows volume expansion. Only then: it is read from the API server
+// (the cache holds no StorageClasses).
+func (r *KVClusterReconciler) expandableClasses(ctx context.Context, kvc *kvv1.KVCluster, claims map[int]plan.Claim) (map[string]bool, error) {
+	want := specs.StorageSize(kvc)
+	out, read := map[string]bool{}, map[string]bool{}
+	for _, c := range claims {
+		if read[c.Class] || c.Class == "" || !c.Bound || c.Requested.Cmp(want) >= 0 {
+			continue
+		}
+		read[c.Class] = true
+		var class storagev1.StorageClass
+		switch err := r.APIReader.Get(ctx, client.ObjectKey{Name: c.Class}, &class); {
+		case err == nil:
+			out[c.Class] = ptr.Deref(class.AllowVolumeExpansion, false)
+		case !apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("get StorageClass %s: %w", c.Class, err)
+		}
+	}
+	return out, nil
 }
 
 // observeJobs reads the cluster's backup Jobs, sorted by name, with the report of the newest

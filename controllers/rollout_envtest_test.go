@@ -93,11 +93,18 @@ func (s *memberSim) sync() {
 		if _, ok := s.uids[name]; ok {
 			continue
 		}
+		template := sts.Spec.VolumeClaimTemplates[0]
 		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: specs.DataClaimName(s.kvc, ord),
-			Labels: sts.Spec.VolumeClaimTemplates[0].Labels},
+			Labels: template.Labels},
 			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: specs.StorageSize(s.kvc)}}}}
-		if err := h.client.Create(ctx, claim); err != nil && !apierrors.IsAlreadyExists(err) {
+				StorageClassName: template.Spec.StorageClassName, Resources: template.Spec.Resources}}
+		switch err := h.client.Create(ctx, claim); {
+		case err == nil: // a provisioner binds it to a volume of the size it asks for
+			claim.Status = corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound, Capacity: template.Spec.Resources.Requests}
+			if err := h.client.Status().Update(ctx, claim); err != nil {
+				h.t.Fatalf("bind claim: %v", err)
+			}
+		case !apierrors.IsAlreadyExists(err):
 			h.t.Fatalf("create claim: %v", err)
 		}
 		labels := specs.Labels(s.kvc)

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/e2e-framework/klient/wait"
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 	"sigs.k8s.io/e2e-framework/pkg/features"
@@ -47,24 +49,31 @@ func timeline(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, object
 	return out
 }
 
+// readyUnderWriter creates the cluster in a new namespace named after prefix, waits for it to be
+// Ready and starts the writer on it.
+func readyUnderWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, prefix string, kvc *kvv1.KVCluster) {
+	t.Helper()
+	kvc.Namespace = envconf.RandomName(prefix, 16)
+	if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, cfg, kvc, 5*time.Minute)
+	startWriter(ctx, t, cfg, kvc)
+}
+
 func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 	var kvc *kvv1.KVCluster
 	f := features.New("a cluster that filled its quota frees the space and takes writes again by itself").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			ns := envconf.RandomName("kvc-space", 16)
-			if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-				t.Fatal(err)
-			}
 			// The smallest volume, a quota filled in seconds, and history kept for a minute.
 			quota := resource.MustParse("24Mi")
-			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "full", Namespace: ns},
+			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "full"},
 				Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("64Mi")},
 					Space: kvv1.SpaceSpec{BackendQuota: &quota, AutoCompaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionPeriodic, Retention: "1m"}}}}
-			if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
-				t.Fatal(err)
-			}
-			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
-			startWriter(ctx, t, cfg, kvc)
+			readyUnderWriter(ctx, t, cfg, "kvc-space", kvc)
 			return ctx
 		}).
 		Assess("overwrites compacted away by etcd: the operator defragments every member under the writer, the leader last, with no write failing",
@@ -302,6 +311,131 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				}
 				return ctx
 			}).
+		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
+			return ctx
+		}).Feature()
+	testenv.Test(t, f)
+}
+
+// claimCapacities are the sizes each member's claim has, by name.
+func claimCapacities(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) map[string]string {
+	t.Helper()
+	var claims corev1.PersistentVolumeClaimList
+	if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &claims, func(o *metav1.ListOptions) {
+		o.LabelSelector = "app.kubernetes.io/instance=" + kvc.Name
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, c := range claims.Items {
+		has := c.Status.Capacity[corev1.ResourceStorage]
+		out[c.Name] = has.String()
+	}
+	return out
+}
+
+func TestGrowingVolumesUnderWrites(t *testing.T) {
+	var kvc *kvv1.KVCluster
+	f := features.New("a larger storage.size grows every member's volume, then the quota follows, under continuous writes").
+		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "grow"},
+				Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("64Mi")}}}
+			readyUnderWriter(ctx, t, cfg, "kvc-grow", kvc)
+			return ctx
+		}).
+		Assess("64Mi → 96Mi: the claims are expanded (the template keeps 64Mi), then the members restart one at a time onto 60% of 96Mi",
+			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+				before := get(ctx, t, cfg, kvc)
+				if v, q := before.Status.VolumeSize, before.Status.BackendQuota; v == nil || v.String() != "64Mi" || q == nil || q.String() != "38Mi" {
+					t.Errorf("before: status.volumeSize %v, backendQuota %v; want 64Mi and 38Mi (60%% of it, rounded down)", v, q)
+				}
+				uids := map[string]types.UID{}
+				for name, p := range memberPods(ctx, t, cfg, kvc) {
+					uids[name] = p.UID
+				}
+				writerAsk(ctx, t, cfg, kvc, "report", "reset", "true")
+				before.Spec.Storage.Size = resource.MustParse("96Mi")
+				if err := cfg.Client().Resources().Update(ctx, before); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				var expanded, replaced []string
+				var expandedAfter time.Duration
+				maxDown, phases := 0, []kvv1.Phase{}
+				err := wait.For(func(ctx context.Context) (bool, error) {
+					down := 0
+					pods := memberPods(ctx, t, cfg, kvc)
+					for name, uid := range uids {
+						p, ok := pods[name]
+						if !ok || p.DeletionTimestamp != nil || !isPodReady(p) {
+							down++
+						}
+						if ok && p.UID != uid && !slices.Contains(replaced, name) {
+							replaced = append(replaced, name)
+						}
+					}
+					maxDown = max(maxDown, down)
+					for claim, has := range claimCapacities(ctx, t, cfg, kvc) {
+						if has == "96Mi" && !slices.Contains(expanded, claim) {
+							if expanded = append(expanded, claim); len(expanded) == 3 {
+								expandedAfter = time.Since(start)
+							}
+						}
+					}
+					k := get(ctx, t, cfg, kvc)
+					if len(phases) == 0 || phases[len(phases)-1] != k.Status.Phase {
+						phases = append(phases, k.Status.Phase)
+					}
+					return readyWith(k, 3) && k.Status.BackendQuota != nil && k.Status.BackendQuota.String() == "57Mi" && len(replaced) == 3, nil
+				}, wait.WithTimeout(6*time.Minute), wait.WithInterval(300*time.Millisecond))
+				after := get(ctx, t, cfg, kvc)
+				events := timeline(ctx, t, cfg, kvc.Namespace, kvc.Name)
+				if err != nil {
+					t.Fatalf("the volumes and the quota did not grow: %v; claims %v, pods replaced %v, status %+v\nevents:\n%s",
+						err, claimCapacities(ctx, t, cfg, kvc), replaced, after.Status, strings.Join(events, "\n"))
+				}
+				rep := writerAsk(ctx, t, cfg, kvc, "report")
+				t.Logf("every claim had 96Mi %s after the change; members on the 57Mi quota %s after it, replaced in order %v; phases %v; "+
+					"at most %d member(s) down; writer: %d acknowledged, %d failed, longest unavailability %d ms (%s)",
+					expandedAfter.Round(time.Second), time.Since(start).Round(time.Second), replaced, phases, maxDown,
+					rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis, rep.LastError)
+				if v := after.Status.VolumeSize; v == nil || v.String() != "96Mi" {
+					t.Errorf("status.volumeSize = %v, want 96Mi", v)
+				}
+				if maxDown > 1 {
+					t.Errorf("%d members were down at once", maxDown)
+				}
+				if !slices.Contains(phases, kvv1.PhaseUpgrading) {
+					t.Errorf("phases seen %v, want Upgrading", phases)
+				}
+				var sts appsv1.StatefulSet
+				if err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, &sts); err != nil {
+					t.Fatal(err)
+				}
+				if template := sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]; template.String() != "64Mi" {
+					t.Errorf("the claim template asks for %s; a StatefulSet's claim templates cannot change", template.String())
+				}
+				var requested, grown int
+				for _, e := range events {
+					requested += strings.Count(e, "VolumeExpansionRequested: asked for 96Mi")
+					if strings.HasPrefix(e, "VolumesExpanded: every member's volume has 96Mi now (was 64Mi): the backend quota goes from 38Mi to 57Mi") {
+						grown++
+					}
+				}
+				if requested != 3 || grown != 1 {
+					t.Errorf("want 3 VolumeExpansionRequested events and 1 VolumesExpanded, got:\n%s", strings.Join(events, "\n"))
+				}
+				return ctx
+			}).
+		Assess("every acknowledged write is still there", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			rep := writerAsk(ctx, t, cfg, kvc, "stop")
+			t.Logf("writer final: %d acknowledged, %d failed, %d keys present", rep.Acknowledged, rep.Failed, rep.Present)
+			if !rep.Checked || len(rep.Missing) > 0 {
+				t.Errorf("acknowledged writes missing: %d (%v)", len(rep.Missing), rep.Missing[:min(len(rep.Missing), 10)])
+			}
+			return ctx
+		}).
 		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
 			return ctx

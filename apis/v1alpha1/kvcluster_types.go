@@ -617,12 +617,14 @@ type DeletionStep struct {
 	Message string `json:"message,omitempty"`
 }
 
-// StorageSpec describes the PersistentVolumeClaim of each member. It is fixed at creation, because
-// a StatefulSet's volume claim templates cannot be changed.
+// StorageSpec describes the PersistentVolumeClaim of each member.
 //
-// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="storage cannot be changed after creation (StatefulSet volume claim templates are immutable)"
+// +kubebuilder:validation:XValidation:rule="has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)",message="storage.storageClassName cannot be changed after creation (a volume cannot move to another StorageClass)"
 type StorageSpec struct {
-	// Size of each member's volume.
+	// Size of each member's volume. It may grow: the operator expands each member's claim (its
+	// StorageClass must allow volume expansion), and once every member's volume has the new size
+	// the default backend quota follows it (members restart one at a time). It never shrinks:
+	// volumes cannot.
 	//
 	// +optional
 	// +kubebuilder:default="1Gi"
@@ -641,7 +643,9 @@ type StorageSpec struct {
 type SpaceSpec struct {
 	// BackendQuota is the size of a member's database file at which etcd raises its NOSPACE alarm
 	// and the whole cluster refuses writes (the operator then frees space: see the README's
-	// "Running out of space"). Default: 60% of storage.size, at most 8Gi.
+	// "Running out of space"). Default: 60% of storage.size, at most 8Gi. While volumes are being
+	// expanded, the members keep the quota of the size they all have (status.volumeSize): the
+	// default's share of it, and never more than 80% of it.
 	//
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('16Mi')) >= 0 && quantity(string(self)).compareTo(quantity('8Gi')) <= 0",message="space.backendQuota must be from 16Mi to 8Gi (etcd's largest recommended database)"
@@ -879,6 +883,12 @@ type KVClusterStatus struct {
 	// +optional
 	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
 
+	// VolumeSize is the size every member's volume is known to have reached: storage.size once
+	// each member's claim has it. The default backend quota is a share of it, so while volumes are
+	// expanded the quota stays what the old ones hold.
+	// +optional
+	VolumeSize *resource.Quantity `json:"volumeSize,omitempty"`
+
 	// LastCompaction is the operator's last compaction of the cluster's history, freeing space
 	// under the NOSPACE alarm; members past the space-pressure mark are defragmented after it.
 	// +optional
@@ -941,6 +951,7 @@ type CertificateStatus struct {
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.version) || self.spec.version == oldSelf.spec.version || !self.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || !oldSelf.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || (has(self.status) && has(self.status.currentVersion) && self.spec.version == self.status.currentVersion) || int(self.spec.version.split('.')[1]) > int(oldSelf.spec.version.split('.')[1]) || (int(self.spec.version.split('.')[1]) == int(oldSelf.spec.version.split('.')[1]) && int(self.spec.version.split('.')[2]) >= int(oldSelf.spec.version.split('.')[2]))",messageExpression="'spec.version cannot go down from ' + oldSelf.spec.version + ' to ' + self.spec.version + ': etcd does not support downgrades (only going back to status.currentVersion, while an upgrade has not finished, is allowed); restore a backup into a new KVCluster instead'"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.version) || self.spec.version == oldSelf.spec.version || !self.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || !oldSelf.spec.version.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || int(self.spec.version.split('.')[1]) <= int(oldSelf.spec.version.split('.')[1]) + 1",messageExpression="'spec.version cannot skip a minor version (' + oldSelf.spec.version + ' to ' + self.spec.version + '): upgrade one minor version at a time, e.g. 3.6 to 3.7, waiting for status.currentVersion between steps'"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.version) || self.spec.version == oldSelf.spec.version || !self.spec.version.matches('^3\\\\.7\\\\.[0-9]+$') || !oldSelf.spec.version.matches('^3\\\\.6\\\\.[0-9]+$') || int(oldSelf.spec.version.split('.')[2]) >= 11",messageExpression="'spec.version cannot go from ' + oldSelf.spec.version + ' to ' + self.spec.version + ' directly: etcd requires 3.6.11 or later before 3.7; upgrade to the latest 3.6 release first'"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec.storage) || !has(oldSelf.spec.storage.size) || !has(self.spec.storage) || !has(self.spec.storage.size) || quantity(string(self.spec.storage.size)).compareTo(quantity(string(oldSelf.spec.storage.size))) >= 0 || (has(self.status) && has(self.status.volumeSize) && quantity(string(self.spec.storage.size)).compareTo(quantity(string(self.status.volumeSize))) >= 0)",messageExpression="'spec.storage.size cannot shrink from ' + string(oldSelf.spec.storage.size) + ' to ' + string(self.spec.storage.size) + ': volumes cannot shrink (going back to status.volumeSize, the size every member volume has, is allowed while a growth has not finished)'"
 type KVCluster struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -375,6 +375,11 @@ func (in *KVClusterStatus) DeepCopyInto(out *KVClusterStatus) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.VolumeSize != nil {
+		in, out := &in.VolumeSize, &out.VolumeSize
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.LastCompaction != nil {
 		in, out := &in.LastCompaction, &out.LastCompaction
 		*out = new(Compaction)

@@ -8,6 +8,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -35,6 +36,15 @@ type Observation struct {
 	STSSettled  bool
 	// STSClaimsUnlabelled: the StatefulSet was made by a release that did not label claims.
 	STSClaimsUnlabelled bool
+	// STSClaimSize is the size its claim template asks for (zero before it exists): storage.size
+	// when it was made. STSQuota is the backend quota its template gives members (0: unknown).
+	STSClaimSize resource.Quantity
+	STSQuota     int64
+	// Claims are the members' data claims by ordinal (claims being deleted left out).
+	Claims map[int]Claim
+	// ExpandableClasses says, for the StorageClass of each claim still to be expanded, whether it
+	// allows volume expansion; a class that does not exist is absent.
+	ExpandableClasses map[string]bool
 	// STSTrust is the CA bundle its template tells members to trust (specs.TrustAnnotation).
 	STSTrust string
 	// STSTransport is how its template makes members listen (nil before it exists): pods made
@@ -70,6 +80,8 @@ type Observation struct {
 
 	// tlsProblem is why the cluster cannot use its certificates (see planTLS).
 	tlsProblem string
+	// volumeProblem is why the members' volumes cannot grow to storage.size (see planVolumeGrowth).
+	volumeProblem string
 }
 
 // Pod is what Kubernetes says about one member's pod.

@@ -36,6 +36,8 @@ func blockedVerdict(kvc *kvv1.KVCluster, obs Observation) (verdict, bool) {
 	case obs.ApplyRejected != "":
 		return verdict{kvv1.PhaseFailed, ReasonApplyRejected, "the API server refused to apply this cluster's objects: " + obs.ApplyRejected +
 			". Fix the cause (an admission policy, a quota, the operator's permissions) or the spec; the operator retries", pollWhileFailed}, true
+	case obs.volumeProblem != "":
+		return verdict{kvv1.PhaseFailed, ReasonVolumeExpansionUnsupported, obs.volumeProblem, pollWhileFailed}, true
 	}
 	return verdict{}, false
 }

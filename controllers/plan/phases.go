@@ -85,7 +85,7 @@ func upgrading(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) 
 	if !ro.Pending {
 		return ready(kvc, obs, ro, now)
 	}
-	if deadlinePassed(kvc, now) {
+	if deadlinePassed(kvc, now) && !volumesMoved(kvc, ro.Reason, ro.Message) {
 		reason, what := ReasonRolloutStalled, "the rollout made no progress"
 		if obs.quorumLost() {
 			reason, what = ReasonQuorumLost, "etcd lost its quorum during the rollout and did not regain it"
@@ -168,7 +168,7 @@ func decide(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) (kv
 	st.Members = memberStatuses(kvc, obs, now)
 	st.BackendQuota = backendQuota(kvc, obs)
 	if v.phase != kvc.Status.Phase || obs.ReadyMembers != kvc.Status.ReadyPartitions || st.LastProgressTime == nil ||
-		membersMoved(kvc.Status.Members, st.Members) {
+		membersMoved(kvc.Status.Members, st.Members) || volumesMoved(kvc, v.reason, v.message) {
 		at := metav1.NewTime(now.Truncate(time.Second))
 		st.LastProgressTime = &at
 	}
@@ -198,6 +198,13 @@ func membersMoved(before, after []kvv1.MemberStatus) bool {
 	return !slices.EqualFunc(before, after, func(a, b kvv1.MemberStatus) bool {
 		return a.Name == b.Name && a.ID == b.ID && a.Version == b.Version && a.Learner == b.Learner
 	})
+}
+
+// volumesMoved reports progress of a volume expansion: a claim moved on (its message names where
+// each claim is), so a slow provisioner is not taken for a stalled rollout.
+func volumesMoved(kvc *kvv1.KVCluster, reason, message string) bool {
+	c := meta.FindStatusCondition(kvc.Status.Conditions, kvv1.ConditionReconciling)
+	return reason == ReasonExpandingVolumes && c != nil && c.Reason == ReasonExpandingVolumes && c.Message != message
 }
 
 // memberStatuses is etcd's member list for status; when etcd did not answer, the last known list

@@ -28,11 +28,13 @@ type Plan struct {
 	// Guard: the cluster has deletion steps, so it keeps a deletion guard (see specs.Guard).
 	Guard bool
 	// AdoptClaims are leftover volume claims the user asked to adopt (kvcluster.io/adopt-volumes).
-	AdoptClaims []string
+	AdoptClaims []ClaimUpdate
 	// TLS are the cluster's certificates to keep, issue or renew.
 	TLS TLS
 	// Children are the objects the cluster owns; nil when they may not be written.
 	Children *Children
+	// ExpandClaims are the members' claims to grow to storage.size.
+	ExpandClaims []ClaimUpdate
 	// Rollout is the one change to make to the running members; Action is ActWait when none.
 	Rollout Rollout
 	// Disarm are alarms the cluster inherited, to clear.
@@ -75,10 +77,14 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	if kvc.Annotations[kvv1.AnnotationAdoptVolumes] == "true" && kvc.Spec.Restore == nil {
 		// Adopted claims are labelled with this cluster's UID, so they stay its own once the
 		// annotation is gone; they are no conflict now.
-		p.AdoptClaims, obs.LeftoverClaims = obs.LeftoverClaims, nil
+		p.AdoptClaims, obs.LeftoverClaims = adoptedClaims(kvc, obs, obs.LeftoverClaims), nil
 	}
 	p.TLS = planTLS(kvc, obs, now)
 	obs.tlsProblem = p.TLS.Problem
+	growth := planVolumeGrowth(kvc, obs)
+	obs.volumeProblem = growth.problem
+	volumeSize := recordedVolumeSize(kvc, obs)
+	quota := membersQuota(kvc, obs, volumeSize)
 	if !obs.conflicted() {
 		membership, replicas := desiredMembership(kvc, obs)
 		p.Children = &Children{
@@ -90,12 +96,24 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 				UnlabelledClaims: obs.STSClaimsUnlabelled,
 				Trust:            p.TLS.Trust,
 				Transport:        templateTransport(kvc, obs),
+				ClaimSize:        obs.STSClaimSize,
+				Quota:            quota,
 			},
 			DisruptionBase: disruptionBase(kvc, obs),
 		}
+		p.ExpandClaims = growth.expand
 	}
 
 	ro := planRollout(kvc, obs)
+	if !ro.Pending && bootstrapped(kvc, obs) {
+		// Growing volumes is a change to the running cluster too: its progress is the rollout's,
+		// up to the template with the new quota, whose restarts show from the next reconcile on.
+		if growth.pending() {
+			ro = wait(ReasonExpandingVolumes, "%s", growth.message(kvc))
+		} else if grown, before := volumesGrown(kvc, obs, volumeSize); grown && before != quota {
+			ro = wait(ReasonUpgrading, "every member's volume has %s: restarting the members to take a backend quota of %s", volumeSize.String(), sizeOf(quota))
+		}
+	}
 	ro.Endpoint = specs.MemberClientURL(kvc, obs.ClientScheme(kvc), ro.Ordinal)
 	st, v := decide(kvc, obs, ro, now)
 	p.Reason, p.Message, p.RequeueAfter = v.reason, v.message, v.requeueAfter
@@ -116,13 +134,15 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		p.RequeueAfter = max(renew.Sub(now), time.Second)
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
+	st.VolumeSize = volumeSize
+	events = append(events, volumesGrownEvent(kvc, obs, volumeSize, quota)...)
 	switch at := metav1.NewMicroTime(now.Truncate(time.Microsecond)); {
 	case obs.Compacted > 0:
 		st.LastCompaction = &kvv1.Compaction{Revision: obs.Compacted, Time: at}
 	case obs.Disarmed && st.LastCompaction != nil && st.LastCompaction.DisarmedTime == nil:
 		st.LastCompaction.DisarmedTime = &at
 	}
-	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(kvc, st), now)
+	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(st, quota), now)
 	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, p.FreeSpace, now)...)
 	events = append(events, defragmentationScheduleProblem(kvc, now)...)
 	if meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionSpacePressure) {

@@ -96,12 +96,15 @@ func TestMake(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := Make(tt.s.kvc, tt.s.obs, t0.Add(10*time.Second), cfg)
-			var events []string
+			var events, adopted []string
 			for _, e := range p.Events {
 				events = append(events, e.Reason)
 			}
+			for _, c := range p.AdoptClaims {
+				adopted = append(adopted, c.Name)
+			}
 			if p.Status.Phase != tt.wantPhase || p.Reason != tt.wantReason || (p.Children != nil) != tt.wantObjects ||
-				strings.Join(p.AdoptClaims, ",") != tt.wantAdopt || p.Rollout.Action != tt.wantAction ||
+				strings.Join(adopted, ",") != tt.wantAdopt || p.Rollout.Action != tt.wantAction ||
 				len(p.Disarm) != len(tt.wantDisarm) || p.RequeueAfter != tt.wantRequeue || strings.Join(events, " ") != tt.wantEvents {
 				t.Fatalf("phase %s/%s, objects %t, adopt %v, action %d, disarm %v, requeue %v, events %v (%s);\nwant %s/%s, %t, %q, %d, %v, %v, %q",
 					p.Status.Phase, p.Reason, p.Children != nil, p.AdoptClaims, p.Rollout.Action, p.Disarm, p.RequeueAfter, events, p.Message,

@@ -24,12 +24,15 @@ const (
 	ReasonRolloutStalled    = "RolloutStalled"
 	ReasonMembershipUnknown = "MembershipUnknown"
 	ReasonUnknownMember     = "UnknownMember"
+	ReasonExpandingVolumes  = "ExpandingVolumes"
 
 	// Objects the cluster needs but may not write.
 	ReasonObjectConflict  = "ObjectConflict"
 	ReasonLeftoverVolumes = "LeftoverVolumes"
 	ReasonApplyRejected   = "ApplyRejected"
 	ReasonTLSInvalid      = "TLSInvalid"
+	// The spec asks for volumes larger than the StorageClass can make them.
+	ReasonVolumeExpansionUnsupported = "VolumeExpansionUnsupported"
 )
 
 // Reasons of the BackupSucceeded condition, also used for the events announcing a backup.
@@ -72,6 +75,8 @@ const (
 	EventMemberDefragmented     = "MemberDefragmented"
 	EventNoSpaceDisarmed        = "NoSpaceDisarmed"
 	EventFreeSpaceFailed        = "FreeSpaceFailed"
+	EventVolumeExpansion        = "VolumeExpansionRequested"
+	EventVolumesExpanded        = "VolumesExpanded"
 	// EventInvalidDefragmentationSchedule: spec.space.defragmentation.schedule cannot be followed.
 	EventInvalidDefragmentationSchedule = "InvalidDefragmentationSchedule"
 
@@ -89,10 +94,11 @@ const (
 
 // warningReasons are verdicts that need a person even when the phase stays the same.
 var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true,
-	ReasonTLSInvalid: true}
+	ReasonTLSInvalid: true, ReasonVolumeExpansionUnsupported: true}
 
 // blockingReasons are the verdicts of blockedVerdict: they end by themselves once the cause is gone.
-var blockingReasons = map[string]bool{ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true, ReasonTLSInvalid: true}
+var blockingReasons = map[string]bool{ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true, ReasonTLSInvalid: true,
+	ReasonVolumeExpansionUnsupported: true}
 
 // stepEvents are the reasons of the events a deletion step's Job gives as it starts and ends.
 var stepEvents = map[kvv1.DeletionStepName]map[kvv1.DeletionOutcome]string{

@@ -339,9 +339,9 @@ func memberName(kvc *kvv1.KVCluster, cluster *members.Cluster, id uint64) string
 
 // quotaOf is the quota the members report, or, before any has (or from a version that does not
 // say), the one the operator gives them.
-func quotaOf(kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) *resource.Quantity {
+func quotaOf(st kvv1.KVClusterStatus, given int64) *resource.Quantity {
 	if st.BackendQuota != nil {
 		return st.BackendQuota
 	}
-	return resource.NewQuantity(specs.QuotaBackendBytes(kvc), resource.BinarySI)
+	return resource.NewQuantity(given, resource.BinarySI)
 }

@@ -6,6 +6,7 @@ package specs
 import (
 	"fmt"
 	"maps"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -54,6 +55,15 @@ func MemberName(kvc *kvv1.KVCluster, ordinal int) string {
 // DataClaimName is the PersistentVolumeClaim the StatefulSet creates for a member's data.
 func DataClaimName(kvc *kvv1.KVCluster, ordinal int) string {
 	return dataVolume + "-" + MemberName(kvc, ordinal)
+}
+
+// OrdinalOfClaim is the ordinal of the member whose data claim has the given name.
+func OrdinalOfClaim(kvc *kvv1.KVCluster, name string) (int, bool) {
+	member, ok := strings.CutPrefix(name, dataVolume+"-")
+	if !ok {
+		return 0, false
+	}
+	return OrdinalOfMember(kvc, member)
 }
 
 // memberHost is a member's DNS name relative to the cluster domain, so it works whatever the

@@ -70,11 +70,13 @@ func TestPodDisruptionBudgetKeepsQuorum(t *testing.T) {
 	}
 }
 
-// TestSpaceFlags: the quota is spec.space.backendQuota, else 60% of the volume (at most 8 GiB);
-// auto-compaction keeps an hour of history unless the spec says otherwise.
+// TestSpaceFlags: the quota is spec.space.backendQuota, else 60% of the volume (at most 8 GiB),
+// never more than 80% of the volume the members have; auto-compaction keeps an hour of history
+// unless the spec says otherwise.
 func TestSpaceFlags(t *testing.T) {
 	tests := []struct {
 		name, size, quota string
+		volume            string // the size the members' volumes have reached, when not storage.size
 		compaction        kvv1.AutoCompactionSpec
 		want              string
 	}{
@@ -83,6 +85,10 @@ func TestSpaceFlags(t *testing.T) {
 		{name: "60% of the smallest volume", size: "64Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", (64<<20)*6/10)},
 		{name: "capped at etcd's recommended maximum", size: "100Gi", want: fmt.Sprintf("--quota-backend-bytes=%d", 8<<30)},
 		{name: "the spec's quota", size: "64Mi", quota: "24Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 24<<20)},
+		{name: "80% of the spec's size", size: "100Mi", quota: "80Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 80<<20)},
+		{name: "60% of the volumes while they grow", size: "2Gi", volume: "1Gi", want: fmt.Sprintf("--quota-backend-bytes=%d", (1<<30)*6/10)},
+		{name: "a raised quota waits for the volumes", size: "200Mi", volume: "100Mi", quota: "150Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", (100<<20)*8/10)},
+		{name: "a quota the volumes hold already", size: "200Mi", volume: "100Mi", quota: "50Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 50<<20)},
 		{name: "periodic, the spec's retention", size: "1Gi", compaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionPeriodic, Retention: "30m"},
 			want: "--auto-compaction-mode=periodic --auto-compaction-retention=30m"},
 		{name: "by revision, default retention", size: "1Gi", compaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionRevision},
@@ -97,7 +103,11 @@ func TestSpaceFlags(t *testing.T) {
 				kvc.Spec.Space.BackendQuota = &q
 			}
 			kvc.Spec.Space.AutoCompaction = tt.compaction
-			if args := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc)), " "); !strings.Contains(args, tt.want) {
+			var volume resource.Quantity
+			if tt.volume != "" {
+				volume = resource.MustParse(tt.volume)
+			}
+			if args := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc), QuotaBackendBytes(kvc, volume)), " "); !strings.Contains(args, tt.want+" ") && !strings.HasSuffix(args, tt.want) {
 				t.Errorf("etcd args %q lack %q", args, tt.want)
 			}
 		})
@@ -349,6 +359,21 @@ func TestStatefulSet(t *testing.T) {
 	}
 }
 
+// TestStatefulSetKeepsItsClaimSize: a StatefulSet's claim templates cannot change, so a grown
+// storage.size leaves the template at the size it was made with (the operator expands the
+// claims); the quota is the one planned for the volumes the members have.
+func TestStatefulSetKeepsItsClaimSize(t *testing.T) {
+	kvc := cluster(3)
+	kvc.Spec.Storage.Size = resource.MustParse("2Gi")
+	sts := StatefulSet(kvc, MemberSet{Replicas: 3, ClaimSize: resource.MustParse("1Gi"), Quota: 100 << 20})
+	if got := sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests.Storage().String(); got != "1Gi" {
+		t.Errorf("claim template asks for %s, want the 1Gi it was made with", got)
+	}
+	if args := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, fmt.Sprintf("--quota-backend-bytes=%d ", 100<<20)) {
+		t.Errorf("members must run with the quota planned for the volumes they have: %s", args)
+	}
+}
+
 func TestStatefulSetDefaultsStorage(t *testing.T) {
 	sts := StatefulSet(cluster(1), MemberSet{Replicas: 1})
 	pvc := sts.Spec.VolumeClaimTemplates[0]
@@ -399,7 +424,7 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 	if !strings.Contains(applyArgs, "--initial-cluster=$(ETCD_INITIAL_CLUSTER)") {
 		t.Errorf("restore must use the membership etcd starts with: %s", applyArgs)
 	}
-	etcdArgs := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc)), " ")
+	etcdArgs := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc), 0), " ")
 	for _, flag := range []string{"--initial-cluster-token=", "--initial-advertise-peer-urls="} {
 		i := strings.Index(etcdArgs, flag)
 		same := strings.Fields(etcdArgs[i:])[0]

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -24,15 +25,20 @@ const (
 	maxQuotaBytes = 8 << 30
 )
 
-// QuotaBackendBytes is the cluster's spec.space.backendQuota, by default 60% of the volume (at
-// most 8 GiB): etcd raises its NOSPACE alarm and refuses writes before the disk itself fills up
-// and the WAL cannot be written.
-func QuotaBackendBytes(kvc *kvv1.KVCluster) int64 {
-	if q := kvc.Spec.Space.BackendQuota; q != nil {
-		return q.Value()
+// QuotaBackendBytes is the quota for members on volumes of the given size (zero: storage.size):
+// spec.space.backendQuota, by default 60% of the volume (at most 8 GiB), so etcd raises its
+// NOSPACE alarm and refuses writes before the disk itself fills up and the WAL cannot be written.
+// Never more than 80% of the volume (what admission allows of storage.size), which a quota raised
+// together with storage.size exceeds until the volumes have grown.
+func QuotaBackendBytes(kvc *kvv1.KVCluster, volume resource.Quantity) int64 {
+	if volume.IsZero() {
+		volume = StorageSize(kvc)
 	}
-	size := StorageSize(kvc)
-	return min(size.Value()*6/10, maxQuotaBytes)
+	limit := volume.Value() * 8 / 10
+	if q := kvc.Spec.Space.BackendQuota; q != nil {
+		return min(q.Value(), limit)
+	}
+	return min(volume.Value()*6/10, maxQuotaBytes)
 }
 
 // autoCompaction is the cluster's etcd auto-compaction mode and retention, defaults filled in.
@@ -72,6 +78,13 @@ type MemberSet struct {
 	// Transport is how members listen (see Transport): the spec's (also when left zero, which
 	// would have no client listener), or a step towards it.
 	Transport Transport
+	// ClaimSize is the size the claim template asks for: storage.size when the StatefulSet was
+	// made (its claim templates cannot change; the operator expands the claims themselves). Zero:
+	// storage.size.
+	ClaimSize resource.Quantity
+	// Quota is the backend quota members run with, in bytes (zero: QuotaBackendBytes of
+	// storage.size): while volumes are expanded, one the volumes they have hold.
+	Quota int64
 }
 
 // TrustAnnotation on the members' pod template identifies the CA bundle they trust.
@@ -98,7 +111,7 @@ func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyC
 				WithWhenDeleted(appsv1.RetainPersistentVolumeClaimRetentionPolicyType).
 				WithWhenScaled(appsv1.DeletePersistentVolumeClaimRetentionPolicyType)).
 			WithTemplate(podTemplate(kvc, set)).
-			WithVolumeClaimTemplates(volumeClaimTemplate(kvc, !set.UnlabelledClaims)))
+			WithVolumeClaimTemplates(volumeClaimTemplate(kvc, set.ClaimSize, !set.UnlabelledClaims)))
 }
 
 func podTemplate(kvc *kvv1.KVCluster, set MemberSet) *corev1ac.PodTemplateSpecApplyConfiguration {
@@ -124,7 +137,7 @@ func podTemplate(kvc *kvv1.KVCluster, set MemberSet) *corev1ac.PodTemplateSpecAp
 					WithPodAffinityTerm(corev1ac.PodAffinityTerm().
 						WithTopologyKey(corev1.LabelHostname).
 						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
-			WithContainers(etcdContainer(kvc, img.EtcdRepository, set.Transport)))
+			WithContainers(etcdContainer(kvc, img.EtcdRepository, set.Transport, set.Quota)))
 	if set.Transport.UsesTLS() {
 		spec.Spec.WithVolumes(tlsVolume(kvc, TLSServer), tlsVolume(kvc, TLSPeer))
 	}
@@ -140,13 +153,13 @@ func podTemplate(kvc *kvv1.KVCluster, set MemberSet) *corev1ac.PodTemplateSpecAp
 // etcdContainerName is the member pod's etcd container.
 const etcdContainerName = "etcd"
 
-func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string, t Transport) *corev1ac.ContainerApplyConfiguration {
+func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string, t Transport, quota int64) *corev1ac.ContainerApplyConfiguration {
 	c := corev1ac.Container().
 		WithName(etcdContainerName).
 		WithImage(Image(kvc, defaultRepository)).
 		WithImagePullPolicy(corev1.PullIfNotPresent).
 		WithCommand("/usr/local/bin/etcd").
-		WithArgs(EtcdArgs(kvc, t)...).
+		WithArgs(EtcdArgs(kvc, t, quota)...).
 		WithEnv(podNameEnv()).
 		WithEnv(membershipEnv(kvc)...).
 		WithPorts(
@@ -176,10 +189,14 @@ func etcdContainer(kvc *kvv1.KVCluster, defaultRepository string, t Transport) *
 	return c
 }
 
-// EtcdArgs are the etcd server flags of every member, listening as t. $(POD_NAME) is expanded by
-// the kubelet. No --experimental-* flag is used: etcd 3.7 removed them all and refuses to start
-// with one. The initial cluster and its state come from the environment (membershipEnv).
-func EtcdArgs(kvc *kvv1.KVCluster, t Transport) []string {
+// EtcdArgs are the etcd server flags of every member, listening as t, with a backend quota of
+// quota bytes (zero: QuotaBackendBytes of storage.size). $(POD_NAME) is expanded by the kubelet.
+// No --experimental-* flag is used: etcd 3.7 removed them all and refuses to start with one. The
+// initial cluster and its state come from the environment (membershipEnv).
+func EtcdArgs(kvc *kvv1.KVCluster, t Transport, quota int64) []string {
+	if quota == 0 {
+		quota = QuotaBackendBytes(kvc, resource.Quantity{})
+	}
 	self := selfHost(kvc)
 	args := []string{
 		"--name=$(POD_NAME)",
@@ -191,7 +208,7 @@ func EtcdArgs(kvc *kvv1.KVCluster, t Transport) []string {
 		"--advertise-client-urls=" + t.clientURLs(self),
 		"--initial-advertise-peer-urls=" + t.peerURL(self),
 		"--initial-cluster-token=" + clusterToken(kvc),
-		"--quota-backend-bytes=" + strconv.FormatInt(QuotaBackendBytes(kvc), 10),
+		"--quota-backend-bytes=" + strconv.FormatInt(quota, 10),
 	}
 	// Old history is compacted away, so the database does not grow without bound.
 	mode, retention := autoCompaction(kvc)
@@ -221,12 +238,15 @@ func StorageSize(kvc *kvv1.KVCluster) resource.Quantity {
 // cluster re-created under the same name recognises the volumes an earlier one left behind.
 const ClusterUIDLabel = "kvcluster.io/cluster-uid"
 
-func volumeClaimTemplate(kvc *kvv1.KVCluster, labelUID bool) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+func volumeClaimTemplate(kvc *kvv1.KVCluster, size resource.Quantity, labelUID bool) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+	if size.IsZero() {
+		size = StorageSize(kvc)
+	}
 	spec := corev1ac.PersistentVolumeClaimSpec().
 		WithAccessModes(corev1.ReadWriteOnce).
 		WithVolumeMode(corev1.PersistentVolumeFilesystem).
 		WithResources(corev1ac.VolumeResourceRequirements().
-			WithRequests(corev1.ResourceList{corev1.ResourceStorage: StorageSize(kvc)}))
+			WithRequests(corev1.ResourceList{corev1.ResourceStorage: size}))
 	if sc := kvc.Spec.Storage.StorageClassName; sc != "" {
 		spec.WithStorageClassName(sc)
 	}
@@ -242,6 +262,40 @@ func volumeClaimTemplate(kvc *kvv1.KVCluster, labelUID bool) *corev1ac.Persisten
 		WithLabels(labels).
 		WithSpec(spec).
 		WithStatus(corev1ac.PersistentVolumeClaimStatus().WithPhase(corev1.ClaimPending))
+}
+
+// PodQuota is the backend quota a member pod (or the template) gives etcd, in bytes.
+func PodQuota(pod corev1.PodSpec) (int64, bool) {
+	for _, c := range pod.Containers {
+		if c.Name != etcdContainerName {
+			continue
+		}
+		for _, arg := range c.Args {
+			if q, ok := strings.CutPrefix(arg, "--quota-backend-bytes="); ok {
+				n, err := strconv.ParseInt(q, 10, 64)
+				return n, err == nil
+			}
+		}
+	}
+	return 0, false
+}
+
+// MemberClaim is what the operator owns of a member's data claim, which the StatefulSet (or a
+// person) made: the label naming the cluster it belongs to and the size it asks for (zero: not
+// applied). They are applied together because an apply gives up the fields of an earlier one by
+// the same manager that it leaves out: the size of a claim the operator expanded would be removed.
+// The UID (when known) is a precondition, so a claim deleted meanwhile is never re-created.
+func MemberClaim(kvc *kvv1.KVCluster, name string, uid types.UID, size resource.Quantity) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+	claim := corev1ac.PersistentVolumeClaim(name, kvc.Namespace).
+		WithLabels(map[string]string{ClusterUIDLabel: string(kvc.UID)})
+	if uid != "" {
+		claim.WithUID(uid)
+	}
+	if !size.IsZero() {
+		claim.WithSpec(corev1ac.PersistentVolumeClaimSpec().WithResources(corev1ac.VolumeResourceRequirements().
+			WithRequests(corev1.ResourceList{corev1.ResourceStorage: size})))
+	}
+	return claim
 }
 
 func containerPort(name string, port int32) *corev1ac.ContainerPortApplyConfiguration {

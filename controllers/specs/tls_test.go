@@ -36,7 +36,7 @@ func TestTLSMembers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			kvc := tt.kvc
-			args := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc)), " ")
+			args := strings.Join(EtcdArgs(kvc, DesiredTransport(kvc), 0), " ")
 			for _, want := range []string{"--listen-client-urls=" + tt.wantScheme + "://0.0.0.0:2379", "--listen-peer-urls=" + tt.wantScheme + "://0.0.0.0:2380",
 				"--advertise-client-urls=" + tt.wantScheme + "://$(POD_NAME).kv-peer.prod.svc:2379", "--initial-advertise-peer-urls=" + tt.wantScheme + "://$(POD_NAME).kv-peer.prod.svc:2380",
 				"--listen-metrics-urls=http://0.0.0.0:2381"} {

@@ -487,6 +487,7 @@ metadata:
 provisioner: kvcluster.io/local-volume
 reclaimPolicy: Delete
 volumeBindingMode: Immediate
+allowVolumeExpansion: true
 EOF
   wait_for "the default service account" 60 kubectl get serviceaccount default -n default
 

@@ -377,6 +377,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: readyPartitions
       type:
         scalar: numeric
+    - name: volumeSize
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.MemberStatus
   map:
     fields:

@@ -1,6 +1,9 @@
 // Command provisioner dynamically provisions PersistentVolumes for the local test cluster: for
 // each claim of its StorageClass it creates a directory on the node and a `local` PersistentVolume
 // bound to the claim; when such a volume is released, it deletes the directory and the volume.
+// It also expands volumes, as a CSI driver's external resizer does: a bound claim asking for more
+// than its volume has gets it. A directory has no size of its own, so growing one is recording
+// the new size on the volume and the claim (as csi-driver-host-path does for its directories).
 // It runs as a host process beside the kubelet, so it needs no image.
 package main
 
@@ -76,8 +79,11 @@ func (p *provisioner) provision(ctx context.Context, req ctrl.Request) (ctrl.Res
 	if err := p.Get(ctx, req.NamespacedName, &pvc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if pvc.Spec.VolumeName != "" || pvc.DeletionTimestamp != nil || pvc.Spec.StorageClassName == nil || *pvc.Spec.StorageClassName != p.class {
+	if pvc.DeletionTimestamp != nil || pvc.Spec.StorageClassName == nil || *pvc.Spec.StorageClassName != p.class {
 		return ctrl.Result{}, nil
+	}
+	if pvc.Spec.VolumeName != "" {
+		return ctrl.Result{}, p.expand(ctx, &pvc)
 	}
 	name := "pvc-" + string(pvc.UID)
 	dir := filepath.Join(p.root, name)
@@ -109,6 +115,35 @@ func (p *provisioner) provision(ctx context.Context, req ctrl.Request) (ctrl.Res
 	}
 	ctrl.LoggerFrom(ctx).Info("provisioned", "pvc", req.NamespacedName, "pv", name, "dir", dir)
 	return ctrl.Result{}, nil
+}
+
+// expand gives a bound claim the size it asks for: first its volume, then the claim's status.
+func (p *provisioner) expand(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	want := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if has := pvc.Status.Capacity[corev1.ResourceStorage]; pvc.Status.Phase != corev1.ClaimBound || want.Cmp(has) <= 0 {
+		return nil
+	}
+	var pv corev1.PersistentVolume
+	if err := p.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if pv.Spec.StorageClassName != p.class || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != pvc.UID {
+		return nil
+	}
+	if has := pv.Spec.Capacity[corev1.ResourceStorage]; want.Cmp(has) > 0 {
+		patch := client.MergeFrom(pv.DeepCopy())
+		pv.Spec.Capacity[corev1.ResourceStorage] = want
+		if err := p.Patch(ctx, &pv, patch); err != nil {
+			return err
+		}
+	}
+	patch := client.MergeFrom(pvc.DeepCopy())
+	pvc.Status.Capacity[corev1.ResourceStorage] = want
+	if err := p.Status().Patch(ctx, pvc, patch); err != nil {
+		return err
+	}
+	ctrl.LoggerFrom(ctx).Info("expanded", "pvc", client.ObjectKeyFromObject(pvc), "pv", pv.Name, "size", want.String())
+	return nil
 }
 
 func (p *provisioner) reclaim(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {

@@ -38,6 +38,10 @@ type KVClusterStatusApplyConfiguration struct {
 	// BackendQuota is the size a member's database may reach before etcd raises the NOSPACE alarm
 	// and the cluster refuses writes, as the members report it.
 	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
+	// VolumeSize is the size every member's volume is known to have reached: storage.size once
+	// each member's claim has it. The default backend quota is a share of it, so while volumes are
+	// expanded the quota stays what the old ones hold.
+	VolumeSize *resource.Quantity `json:"volumeSize,omitempty"`
 	// LastCompaction is the operator's last compaction of the cluster's history, freeing space
 	// under the NOSPACE alarm; members past the space-pressure mark are defragmented after it.
 	LastCompaction *CompactionApplyConfiguration `json:"lastCompaction,omitempty"`
@@ -144,6 +148,14 @@ func (b *KVClusterStatusApplyConfiguration) WithClientEndpoint(value string) *KV
 // If called multiple times, the BackendQuota field is set to the value of the last call.
 func (b *KVClusterStatusApplyConfiguration) WithBackendQuota(value resource.Quantity) *KVClusterStatusApplyConfiguration {
 	b.BackendQuota = &value
+	return b
+}
+
+// WithVolumeSize sets the VolumeSize field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the VolumeSize field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithVolumeSize(value resource.Quantity) *KVClusterStatusApplyConfiguration {
+	b.VolumeSize = &value
 	return b
 }
 

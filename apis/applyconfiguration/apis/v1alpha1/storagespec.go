@@ -9,10 +9,12 @@ import (
 // StorageSpecApplyConfiguration represents a declarative configuration of the StorageSpec type for use
 // with apply.
 //
-// StorageSpec describes the PersistentVolumeClaim of each member. It is fixed at creation, because
-// a StatefulSet's volume claim templates cannot be changed.
+// StorageSpec describes the PersistentVolumeClaim of each member.
 type StorageSpecApplyConfiguration struct {
-	// Size of each member's volume.
+	// Size of each member's volume. It may grow: the operator expands each member's claim (its
+	// StorageClass must allow volume expansion), and once every member's volume has the new size
+	// the default backend quota follows it (members restart one at a time). It never shrinks:
+	// volumes cannot.
 	Size *resource.Quantity `json:"size,omitempty"`
 	// StorageClassName of the volumes; empty uses the cluster's default StorageClass.
 	StorageClassName *string `json:"storageClassName,omitempty"`
