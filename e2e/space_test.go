@@ -406,8 +406,9 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 				if maxDown > 1 {
 					t.Errorf("%d members were down at once", maxDown)
 				}
-				if !slices.Contains(phases, kvv1.PhaseUpgrading) {
-					t.Errorf("phases seen %v, want Upgrading", phases)
+				// Expanding and restarting are one change: no Ready between.
+				if i := slices.Index(phases, kvv1.PhaseUpgrading); i < 0 || !slices.Equal(phases[i:], []kvv1.Phase{kvv1.PhaseUpgrading, kvv1.PhaseReady}) {
+					t.Errorf("phases seen %v, want Upgrading once, then Ready", phases)
 				}
 				var sts appsv1.StatefulSet
 				if err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, &sts); err != nil {
@@ -425,6 +426,29 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 				}
 				if requested != 3 || grown != 1 {
 					t.Errorf("want 3 VolumeExpansionRequested events and 1 VolumesExpanded, got:\n%s", strings.Join(events, "\n"))
+				}
+				return ctx
+			}).
+		Assess("a member added afterwards starts on a claim of the template's 64Mi, which is expanded to 96Mi; the others keep their quota",
+			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+				k := get(ctx, t, cfg, kvc)
+				k.Spec.Partitions = 4
+				if err := cfg.Client().Resources().Update(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				if err := wait.For(func(ctx context.Context) (bool, error) {
+					k := get(ctx, t, cfg, kvc)
+					return readyWith(k, 4) && claimCapacities(ctx, t, cfg, kvc)["data-grow-3"] == "96Mi", nil
+				}, wait.WithTimeout(4*time.Minute), wait.WithInterval(time.Second)); err != nil {
+					t.Fatalf("not Ready with 4 members on 96Mi claims: claims %v, status %+v", claimCapacities(ctx, t, cfg, kvc), get(ctx, t, cfg, kvc).Status)
+				}
+				t.Logf("grow-3 joined and its claim has 96Mi %s after the change", time.Since(start).Round(time.Second))
+				expanded := slices.ContainsFunc(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name), func(e string) bool {
+					return strings.HasPrefix(e, "VolumeExpansionRequested: asked for 96Mi in volume claim data-grow-3 (was 64Mi)")
+				})
+				if k := get(ctx, t, cfg, kvc); !expanded || k.Status.BackendQuota == nil || k.Status.BackendQuota.String() != "57Mi" {
+					t.Errorf("the added member's claim expanded: %t; backendQuota %v, want it kept at 57Mi", expanded, k.Status.BackendQuota)
 				}
 				return ctx
 			}).
