@@ -168,8 +168,14 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 		}
 		claimUIDs[c.Name] = c.UID
 		if ord, ok := specs.OrdinalOfClaim(kvc, c.Name); ok {
-			obs.Claims[ord] = plan.Claim{Name: c.Name, UID: c.UID, Bound: c.Status.Phase == corev1.ClaimBound, Class: ptr.Deref(c.Spec.StorageClassName, ""),
+			claim := plan.Claim{Name: c.Name, UID: c.UID, Bound: c.Status.Phase == corev1.ClaimBound, Class: ptr.Deref(c.Spec.StorageClassName, ""),
 				Requested: c.Spec.Resources.Requests[corev1.ResourceStorage], Capacity: c.Status.Capacity[corev1.ResourceStorage]}
+			for _, cond := range c.Status.Conditions {
+				if cond.Type == corev1.PersistentVolumeClaimFileSystemResizePending && cond.Status == corev1.ConditionTrue {
+					claim.ResizePendingSince = cond.LastTransitionTime.Time
+				}
+			}
+			obs.Claims[ord] = claim
 		}
 	}
 	var pods corev1.PodList
@@ -186,6 +192,7 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 			UID:         pod.UID,
 			Terminating: pod.DeletionTimestamp != nil,
 			Outdated:    obs.STSSettled && pod.Labels[appsv1.StatefulSetRevisionLabel] != sts.Status.UpdateRevision,
+			Created:     pod.CreationTimestamp.Time,
 			VolumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)],
 		}
 		if t, ok := specs.PodTransport(pod.Spec); ok {

@@ -91,6 +91,8 @@ type Pod struct {
 	Terminating bool
 	// Outdated: the pod does not run the StatefulSet's current template (version, resources, …).
 	Outdated bool
+	// Created is when the pod was made.
+	Created time.Time
 	// Restarts of the etcd container.
 	Restarts int32
 	// VolumeUID is the UID of the pod's data claim; empty while it has none.

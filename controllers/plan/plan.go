@@ -104,6 +104,7 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		p.ExpandClaims = growth.expand
 	}
 
+	obs.Pods = restartsForResize(obs)
 	ro := planRollout(kvc, obs)
 	if !ro.Pending && bootstrapped(kvc, obs) {
 		// Growing volumes is a change to the running cluster too: its progress is the rollout's,

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -24,6 +25,9 @@ type Claim struct {
 	Class string
 	// Requested is the size it asks for; Capacity the size its volume has (zero while unbound).
 	Requested, Capacity resource.Quantity
+	// ResizePendingSince: the volume has grown, and its file system is grown only when a pod
+	// mounts it again (condition FileSystemResizePending, since then); zero otherwise.
+	ResizePendingSince time.Time
 }
 
 // ClaimUpdate is what the operator applies to a member's claim (specs.MemberClaim): the label
@@ -80,6 +84,8 @@ func planVolumeGrowth(kvc *kvv1.KVCluster, obs Observation) volumeGrowth {
 		asked := c.Requested.Cmp(want) >= 0
 		switch {
 		case asked && (!c.Bound || c.Capacity.Cmp(want) >= 0): // there (or a new claim, not growth)
+		case asked && !c.ResizePendingSince.IsZero():
+			g.growing = append(g.growing, fmt.Sprintf("%s has %s, its file system grows when its member restarts", c.Name, c.Capacity.String()))
 		case asked:
 			g.growing = append(g.growing, fmt.Sprintf("%s has %s", c.Name, c.Capacity.String()))
 		case !c.Bound:
@@ -109,6 +115,26 @@ func planVolumeGrowth(kvc *kvv1.KVCluster, obs Observation) volumeGrowth {
 			want.String(), strings.Join(whys, "; "))
 	}
 	return g
+}
+
+// restartsForResize are the member pods with each one whose claim waits for a pod to mount it
+// again to grow its file system (a driver that cannot while the volume is in use) marked
+// outdated, so the rollout restarts them one at a time. A pod made after the claim began to wait
+// has mounted it since: it is not restarted again.
+func restartsForResize(obs Observation) map[int]Pod {
+	pods, copied := obs.Pods, false
+	for ord, c := range obs.Claims {
+		p, ok := pods[ord]
+		if !ok || c.ResizePendingSince.IsZero() || p.Outdated || !p.Created.Before(c.ResizePendingSince) {
+			continue
+		}
+		if !copied { // the caller's map stays as observed
+			pods, copied = maps.Clone(obs.Pods), true
+		}
+		p.Outdated = true
+		pods[ord] = p
+	}
+	return pods
 }
 
 // message says how far the volumes are, for the Reconciling condition.

@@ -198,3 +198,37 @@ func TestVolumeGrowth(t *testing.T) {
 		})
 	}
 }
+
+// TestAFileSystemGrownOnlyOnMountRestartsItsMember: a driver that grows a file system only when a
+// pod mounts the volume leaves the claim FileSystemResizePending; the member is restarted through
+// the rollout (one at a time, quorum kept), and not again once its pod was made after the claim
+// began to wait.
+func TestAFileSystemGrownOnlyOnMountRestartsItsMember(t *testing.T) {
+	waiting := func(podCreated time.Time) *scenario {
+		s := onVolumes("2Gi", "1Gi", "2Gi/2Gi", "2Gi/2Gi", "2Gi/1Gi").recorded("1Gi")
+		c := s.obs.Claims[2]
+		c.ResizePendingSince = t0.Add(-time.Minute)
+		s.obs.Claims[2] = c
+		for ord, p := range s.obs.Pods {
+			p.Created = t0.Add(-time.Hour)
+			if ord == 2 {
+				p.Created = podCreated
+			}
+			s.obs.Pods[ord] = p
+		}
+		return s
+	}
+	s := waiting(t0.Add(-time.Hour))
+	p := Make(s.kvc, s.obs, t0, Config{})
+	if p.Rollout.Action != ActRestartPod || p.Rollout.Ordinal != 2 || p.Status.Phase != kvv1.PhaseUpgrading {
+		t.Errorf("a member whose claim waits for a mount: action %d on %d, phase %s (%s); want kv-2 restarted", p.Rollout.Action, p.Rollout.Ordinal, p.Status.Phase, p.Message)
+	}
+	if s.obs.Pods[2].Outdated {
+		t.Error("the observation was changed: the pods must stay as observed")
+	}
+	s = waiting(t0.Add(-time.Second))
+	p = Make(s.kvc, s.obs, t0, Config{})
+	if p.Rollout.Action != ActWait || !strings.Contains(p.Message, "data-kv-2 has 1Gi, its file system grows when its member restarts") {
+		t.Errorf("restarted since the claim began to wait: action %d (%s); want no second restart", p.Rollout.Action, p.Message)
+	}
+}
