@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/backup"
@@ -92,17 +93,20 @@ func worthDefragmenting(m members.Member, mark, minInUse int64) bool {
 	return free >= 1<<20 && (free*10 >= m.DBSize || m.DBSize >= mark && (m.DBSizeInUse < mark || minInUse < mark))
 }
 
+// lastDefragmented is when status records the member was last defragmented: nil when never, or
+// when the record is of a former member of the same name (another ID).
+func lastDefragmented(kvc *kvv1.KVCluster, m members.Member) *metav1.MicroTime {
+	if recorded := recordedMember(kvc, m.Name); recorded != nil && recorded.ID == fmt.Sprintf("%x", m.ID) {
+		return recorded.LastDefragmentTime
+	}
+	return nil
+}
+
 // defragmentedSince: status records a defragmentation of the member (by this ID) after the
 // compaction, or at all when the operator never compacted.
 func defragmentedSince(kvc *kvv1.KVCluster, m members.Member, compaction *kvv1.Compaction) bool {
-	recorded := recordedMember(kvc, m.Name)
-	switch {
-	case recorded == nil || recorded.ID != fmt.Sprintf("%x", m.ID) || recorded.LastDefragmentTime == nil:
-		return false
-	case compaction == nil:
-		return true
-	}
-	return compaction.Time.Before(recorded.LastDefragmentTime)
+	last := lastDefragmented(kvc, m)
+	return last != nil && (compaction == nil || compaction.Time.Before(last))
 }
 
 // planFreeSpace frees space while a NOSPACE alarm of the cluster's own (not a stale one, see
@@ -225,8 +229,7 @@ func planRoutineDefragmentation(kvc *kvv1.KVCluster, obs Observation, phase kvv1
 		if !ok || !worthRoutineDefragmentation(m, quota.Value()) || m.DBSize > maxOnlineDefragmentBytes {
 			continue
 		}
-		if recorded := recordedMember(kvc, m.Name); recorded != nil && recorded.ID == fmt.Sprintf("%x", m.ID) &&
-			recorded.LastDefragmentTime != nil && !recorded.LastDefragmentTime.Time.Before(doneSince) {
+		if last := lastDefragmented(kvc, m); last != nil && !last.Time.Before(doneSince) {
 			continue
 		}
 		return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord)}
