@@ -32,7 +32,7 @@ import (
 // It returns the client that speaks to the cluster's members (with its client certificate when
 // the cluster has TLS).
 func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) (plan.Observation, members.Client, error) {
-	obs := plan.Observation{Pods: map[int]plan.Pod{}, Claims: map[int]plan.Claim{}}
+	obs := plan.Observation{Pods: map[int]plan.Pod{}}
 	etcd := r.Members
 	var sts appsv1.StatefulSet
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts); {
@@ -162,6 +162,7 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 		return fmt.Errorf("list volume claims of %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
 	claimUIDs := map[string]types.UID{}
+	obs.Claims = map[int]plan.Claim{} // a deletion's observation is made without one
 	for _, c := range claims.Items {
 		if c.DeletionTimestamp != nil {
 			continue

@@ -216,3 +216,18 @@ func TestAdoptingGrownVolumesKeepsTheirSize(t *testing.T) {
 		t.Errorf("phase %s after adopting, want Creating", got.Status.Phase)
 	}
 }
+
+// TestObservingADeletedClusterWithClaims: a deletion observes the member pods with an observation
+// of its own; reading the claims into it panicked on a nil map (CI's e2e deletion of a cluster with
+// a final backup hung on it).
+func TestObservingADeletedClusterWithClaims(t *testing.T) {
+	h := newHarness(t)
+	kvc, _, _ := h.formedOn("observedeleted", true)
+	obs := plan.Observation{Pods: map[int]plan.Pod{}}
+	if err := h.r.observePods(context.Background(), h.fresh(kvc), &appsv1.StatefulSet{}, &obs); err != nil {
+		t.Fatal(err)
+	}
+	if len(obs.Claims) != 3 {
+		t.Errorf("claims observed: %v, want the 3 members'", obs.Claims)
+	}
+}
