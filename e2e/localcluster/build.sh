@@ -25,7 +25,8 @@ bindir() {
     kubernetes | kube-*) echo "$cache/kubernetes-$KUBERNETES_VERSION/bin" ;;
     kubectl | kubelet) echo "$cache/kubernetes-$KUBERNETES_VERSION/bin" ;;
     etcd-*) echo "$cache/etcd-v${1#etcd-}/bin" ;;
-    coredns) echo "$cache/coredns-$COREDNS_VERSION/bin" ;;
+    # tools/coredns picks the plugins: its files are part of the key, a full build is not it
+    coredns) echo "$cache/coredns-$COREDNS_VERSION-$(cat "$here/tools/coredns/main.go" "$here/tools/coredns/go.sum" | sha256sum | cut -c1-12)/bin" ;;
     versitygw) echo "$cache/versitygw-$VERSITYGW_VERSION/bin" ;;
     envtest) echo "$cache/envtest-$KUBERNETES_VERSION-etcd-v${ETCD_VERSIONS[-1]}/bin" ;;
     *) echo "unknown component $1" >&2; return 1 ;;
@@ -100,6 +101,19 @@ build_etcd() {
   log "built etcd v$v in $((SECONDS - start))s"
 }
 
+# build_coredns builds CoreDNS from tools/coredns: the plugins the local cluster's Corefile uses.
+build_coredns() {
+  local out; out=$(bindir coredns)
+  [ -x "$out/coredns" ] && return 0
+  mkdir -p "$out"
+  local tmp; mktemp_in "$out"
+  log "building coredns $COREDNS_VERSION (the local cluster's plugins)"
+  local start=$SECONDS
+  (cd "$here/tools/coredns" && go build -ldflags "-s -w" -o "$tmp/coredns" .)
+  mv -f "$tmp/coredns" "$out/"; rmdir "$tmp"
+  log "built coredns in $((SECONDS - start))s"
+}
+
 # build_install builds a module that has no replace directives with go install.
 build_install() {
   local name=$1 pkg=$2 out; out=$(bindir "$name")
@@ -133,7 +147,7 @@ build() {
     kube-router) build_install kube-router "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" ;;
     kube-* | kubectl | kubelet) build_kube "$1" ;;
     etcd-*) build_etcd "${1#etcd-}" ;;
-    coredns) build_install coredns "github.com/coredns/coredns@$COREDNS_VERSION" ;;
+    coredns) build_coredns ;;
     versitygw) build_install versitygw "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" ;;
     *) echo "build.sh: unknown component '$1'" >&2; exit 2 ;;
   esac
@@ -142,6 +156,7 @@ build() {
 if [ "${1:-}" = --print-dir ]; then bindir "$2"; exit; fi
 command -v go >/dev/null || die "Go is required (go1.26+ on PATH)"
 require_pin kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION"
+require_pin coredns github.com/coredns/coredns "$COREDNS_VERSION"
 for v in "${ETCD_VERSIONS[@]}"; do require_pin "etcd-v$v" go.etcd.io/etcd/server/v3 "v$v"; done
 [ $# -eq 0 ] && set -- all
 for c in "$@"; do build "$c"; done
