@@ -109,16 +109,23 @@ func TestMain(m *testing.M) {
 	// Clusters that enforce owner-reference permissions refuse blockOwnerDeletion from a client
 	// that may not update the owner's finalizers; the reconciler runs with exactly its ClusterRole.
 	testEnv.ControlPlane.GetAPIServer().Configure().Append("enable-admission-plugins", "OwnerReferencesPermissionEnforcement")
+	// Start leaves the API server and etcd it started running when a later step fails
+	// (installing the CRDs, say): stopped, they do not outlive the test binary.
+	fail := func(what string, err error) {
+		fmt.Fprintln(os.Stderr, what+":", err)
+		if err := testEnv.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop envtest:", err)
+		}
+		os.Exit(1)
+	}
 	cfg, err := testEnv.Start()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "start envtest:", err)
-		os.Exit(1)
+		fail("start envtest", err)
 	}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &countingTransport{next: rt, counter: writes} })
 	restConfig = cfg
 	if operatorConfig, err = asOperator(cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "grant the operator's ClusterRole:", err)
-		os.Exit(1)
+		fail("grant the operator's ClusterRole", err)
 	}
 	code := m.Run()
 	if err := testEnv.Stop(); err != nil {
