@@ -83,7 +83,7 @@ func (h *harness) template(kvc *kvv1.KVCluster) (quota, claimSize string) {
 func TestGrowingStorageExpandsEveryClaim(t *testing.T) {
 	h := newHarness(t)
 	kvc, _, sim := h.formedOn("grow", true)
-	quota1Gi := fmt.Sprint((1 << 30) * 6 / 10)
+	quota1Gi := fmt.Sprint(specs.QuotaBackendBytes(kvc, resource.MustParse("1Gi")))
 	if got := h.fresh(kvc).Status.VolumeSize; got == nil || got.String() != "1Gi" {
 		t.Errorf("status.volumeSize of a formed cluster = %v, want 1Gi", got)
 	}
@@ -118,8 +118,8 @@ func TestGrowingStorageExpandsEveryClaim(t *testing.T) {
 	if got.Status.VolumeSize == nil || got.Status.VolumeSize.String() != "2Gi" {
 		t.Errorf("status.volumeSize = %v once every volume has 2Gi", got.Status.VolumeSize)
 	}
-	if quota, size := h.template(kvc); quota != fmt.Sprint((2<<30)*6/10) || size != "1Gi" {
-		t.Errorf("once the volumes have grown the template has quota %s and claims of %s, want 60%% of 2Gi and still 1Gi", quota, size)
+	if quota, size := h.template(kvc); quota != fmt.Sprint(specs.QuotaBackendBytes(kvc, resource.MustParse("2Gi"))) || size != "1Gi" {
+		t.Errorf("once the volumes have grown the template has quota %s and claims of %s, want the default of 2Gi and still 1Gi", quota, size)
 	}
 	if events := drainEvents(h); !strings.Contains(events, plan.EventVolumesExpanded+" every member's volume has 2Gi now (was 1Gi): the backend quota goes from") {
 		t.Errorf("want a %s event, got:\n%s", plan.EventVolumesExpanded, events)

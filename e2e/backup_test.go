@@ -133,7 +133,7 @@ func TestBackups(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: ns},
 				Spec: kvv1.KVClusterSpec{
 					Version: "3.7.3", Partitions: 1, BackupSchedule: "*/1 * * * *",
-					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+					Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")},
 					Backup: &kvv1.BackupSpec{S3: &kvv1.S3Destination{
 						Endpoint: "s3." + ns + ".svc:7070", Bucket: bucket, Prefix: "e2e", Insecure: true, CredentialsSecret: "s3-credentials",
 					}},
@@ -228,7 +228,7 @@ func TestBackups(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "orders-restored", Namespace: kvc.Namespace},
 				Spec: kvv1.KVClusterSpec{
 					Version: "3.7.3", Partitions: 3,
-					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+					Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")},
 					Restore: &kvv1.RestoreSpec{
 						S3:  &kvv1.S3Destination{Endpoint: "s3." + kvc.Namespace + ".svc:7070", Bucket: bucket, Insecure: true, CredentialsSecret: "s3-credentials"},
 						Key: finalKey, // its sha256 comes from the metadata beside it

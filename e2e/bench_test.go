@@ -64,7 +64,7 @@ func benchCluster(ctx context.Context, b *testing.B, cfg *envconf.Config, mode k
 		b.Fatal(err)
 	}
 	kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: ns}, Spec: kvv1.KVClusterSpec{
-		Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")}, TLS: &kvv1.TLSSpec{Mode: mode}}}
+		Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")}, TLS: &kvv1.TLSSpec{Mode: mode}}}
 	if err := cfg.Client().Resources().Create(ctx, kvc); err != nil {
 		b.Fatal(err)
 	}

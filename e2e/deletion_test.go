@@ -45,7 +45,7 @@ func TestDeletionKeepsTheData(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: kvv1.KVClusterSpec{
 				Version: "3.7.3", Partitions: 1,
-				Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+				Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")},
 				Backup: &kvv1.BackupSpec{S3: &kvv1.S3Destination{
 					Endpoint: "s3." + ns + ".svc:7070", Bucket: bucket, Prefix: "e2e", Insecure: true, CredentialsSecret: "s3-credentials",
 				}, DrainSeconds: ptr.To[int32](3)},

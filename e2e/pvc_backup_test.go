@@ -42,14 +42,14 @@ func namespaceWithBackupClaim(ctx context.Context, t *testing.T, cfg *envconf.Co
 	return ns
 }
 
-// backedUpOnClaim is a cluster on 256Mi volumes backed up every minute onto the claim
+// backedUpOnClaim is a cluster on 512Mi volumes backed up every minute onto the claim
 // "backup-volume" (see namespaceWithBackupClaim).
 func backedUpOnClaim(ns, name string, partitions int32) *kvv1.KVCluster {
 	return &kvv1.KVCluster{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: kvv1.KVClusterSpec{
 			Version: "3.7.3", Partitions: partitions, BackupSchedule: "*/1 * * * *",
-			Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+			Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")},
 			Backup:  &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"}},
 		},
 	}
@@ -90,7 +90,7 @@ func TestBackupsOnAPersistentVolumeClaim(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "ledger-restored", Namespace: kvc.Namespace},
 				Spec: kvv1.KVClusterSpec{
 					Version: "3.7.3", Partitions: 1,
-					Storage: kvv1.StorageSpec{Size: resource.MustParse("256Mi")},
+					Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")},
 					Restore: &kvv1.RestoreSpec{
 						PVC: &kvv1.PVCDestination{ClaimName: "backup-volume"},
 						Key: strings.TrimPrefix(lb.Location, "pvc://backup-volume/"), SHA256: lb.SHA256,

@@ -71,7 +71,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 			// The smallest volume, a quota filled in seconds, and history kept for a minute.
 			quota := resource.MustParse("24Mi")
 			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "full"},
-				Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("64Mi")},
+				Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")},
 					Space: kvv1.SpaceSpec{BackendQuota: &quota, AutoCompaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionPeriodic, Retention: "1m"}}}}
 			readyUnderWriter(ctx, t, cfg, "kvc-space", kvc)
 			return ctx
@@ -340,22 +340,22 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 	f := features.New("a larger storage.size grows every member's volume, then the quota follows, under continuous writes").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			kvc = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "grow"},
-				Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("64Mi")}}}
+				Spec: kvv1.KVClusterSpec{Version: "3.7.3", Partitions: 3, Storage: kvv1.StorageSpec{Size: resource.MustParse("512Mi")}}}
 			readyUnderWriter(ctx, t, cfg, "kvc-grow", kvc)
 			return ctx
 		}).
-		Assess("64Mi → 96Mi: the claims are expanded (the template keeps 64Mi), then the members restart one at a time onto 60% of 96Mi",
+		Assess("512Mi → 768Mi: the claims are expanded (the template keeps 512Mi), then the members restart one at a time onto the default quota of 768Mi",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 				before := get(ctx, t, cfg, kvc)
-				if v, q := before.Status.VolumeSize, before.Status.BackendQuota; v == nil || v.String() != "64Mi" || q == nil || q.String() != "38Mi" {
-					t.Errorf("before: status.volumeSize %v, backendQuota %v; want 64Mi and 38Mi (60%% of it, rounded down)", v, q)
+				if v, q := before.Status.VolumeSize, before.Status.BackendQuota; v == nil || v.String() != "512Mi" || q == nil || q.String() != "95Mi" {
+					t.Errorf("before: status.volumeSize %v, backendQuota %v; want 512Mi and 95Mi (half of what it holds beside the WAL, rounded down)", v, q)
 				}
 				uids := map[string]types.UID{}
 				for name, p := range memberPods(ctx, t, cfg, kvc) {
 					uids[name] = p.UID
 				}
 				writerAsk(ctx, t, cfg, kvc, "report", "reset", "true")
-				before.Spec.Storage.Size = resource.MustParse("96Mi")
+				before.Spec.Storage.Size = resource.MustParse("768Mi")
 				if err := cfg.Client().Resources().Update(ctx, before); err != nil {
 					t.Fatal(err)
 				}
@@ -377,7 +377,7 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 					}
 					maxDown = max(maxDown, down)
 					for claim, has := range claimCapacities(ctx, t, cfg, kvc) {
-						if has == "96Mi" && !slices.Contains(expanded, claim) {
+						if has == "768Mi" && !slices.Contains(expanded, claim) {
 							if expanded = append(expanded, claim); len(expanded) == 3 {
 								expandedAfter = time.Since(start)
 							}
@@ -387,7 +387,7 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 					if len(phases) == 0 || phases[len(phases)-1] != k.Status.Phase {
 						phases = append(phases, k.Status.Phase)
 					}
-					return readyWith(k, 3) && k.Status.BackendQuota != nil && k.Status.BackendQuota.String() == "57Mi" && len(replaced) == 3, nil
+					return readyWith(k, 3) && k.Status.BackendQuota != nil && k.Status.BackendQuota.String() == "204Mi" && len(replaced) == 3, nil
 				}, wait.WithTimeout(6*time.Minute), wait.WithInterval(300*time.Millisecond))
 				after := get(ctx, t, cfg, kvc)
 				events := timeline(ctx, t, cfg, kvc.Namespace, kvc.Name)
@@ -396,12 +396,12 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 						err, claimCapacities(ctx, t, cfg, kvc), replaced, after.Status, strings.Join(events, "\n"))
 				}
 				rep := writerAsk(ctx, t, cfg, kvc, "report")
-				t.Logf("every claim had 96Mi %s after the change; members on the 57Mi quota %s after it, replaced in order %v; phases %v; "+
+				t.Logf("every claim had 768Mi %s after the change; members on the 204Mi quota %s after it, replaced in order %v; phases %v; "+
 					"at most %d member(s) down; writer: %d acknowledged, %d failed, longest unavailability %d ms (%s)",
 					expandedAfter.Round(time.Second), time.Since(start).Round(time.Second), replaced, phases, maxDown,
 					rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis, rep.LastError)
-				if v := after.Status.VolumeSize; v == nil || v.String() != "96Mi" {
-					t.Errorf("status.volumeSize = %v, want 96Mi", v)
+				if v := after.Status.VolumeSize; v == nil || v.String() != "768Mi" {
+					t.Errorf("status.volumeSize = %v, want 768Mi", v)
 				}
 				if maxDown > 1 {
 					t.Errorf("%d members were down at once", maxDown)
@@ -414,13 +414,13 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 				if err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, &sts); err != nil {
 					t.Fatal(err)
 				}
-				if template := sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]; template.String() != "64Mi" {
+				if template := sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]; template.String() != "512Mi" {
 					t.Errorf("the claim template asks for %s; a StatefulSet's claim templates cannot change", template.String())
 				}
 				var requested, grown int
 				for _, e := range events {
-					requested += strings.Count(e, "VolumeExpansionRequested: asked for 96Mi")
-					if strings.HasPrefix(e, "VolumesExpanded: every member's volume has 96Mi now (was 64Mi): the backend quota goes from 38Mi to 57Mi") {
+					requested += strings.Count(e, "VolumeExpansionRequested: asked for 768Mi")
+					if strings.HasPrefix(e, "VolumesExpanded: every member's volume has 768Mi now (was 512Mi): the backend quota goes from 95Mi to 204Mi") {
 						grown++
 					}
 				}
@@ -429,7 +429,7 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 				}
 				return ctx
 			}).
-		Assess("a member added afterwards starts on a claim of the template's 64Mi, which is expanded to 96Mi; the others keep their quota",
+		Assess("a member added afterwards starts on a claim of the template's 512Mi, which is expanded to 768Mi; the others keep their quota",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 				k := get(ctx, t, cfg, kvc)
 				k.Spec.Partitions = 4
@@ -439,16 +439,16 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 				start := time.Now()
 				if err := wait.For(func(ctx context.Context) (bool, error) {
 					k := get(ctx, t, cfg, kvc)
-					return readyWith(k, 4) && claimCapacities(ctx, t, cfg, kvc)["data-grow-3"] == "96Mi", nil
+					return readyWith(k, 4) && claimCapacities(ctx, t, cfg, kvc)["data-grow-3"] == "768Mi", nil
 				}, wait.WithTimeout(4*time.Minute), wait.WithInterval(time.Second)); err != nil {
-					t.Fatalf("not Ready with 4 members on 96Mi claims: claims %v, status %+v", claimCapacities(ctx, t, cfg, kvc), get(ctx, t, cfg, kvc).Status)
+					t.Fatalf("not Ready with 4 members on 768Mi claims: claims %v, status %+v", claimCapacities(ctx, t, cfg, kvc), get(ctx, t, cfg, kvc).Status)
 				}
-				t.Logf("grow-3 joined and its claim has 96Mi %s after the change", time.Since(start).Round(time.Second))
+				t.Logf("grow-3 joined and its claim has 768Mi %s after the change", time.Since(start).Round(time.Second))
 				expanded := slices.ContainsFunc(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name), func(e string) bool {
-					return strings.HasPrefix(e, "VolumeExpansionRequested: asked for 96Mi in volume claim data-grow-3 (was 64Mi)")
+					return strings.HasPrefix(e, "VolumeExpansionRequested: asked for 768Mi in volume claim data-grow-3 (was 512Mi)")
 				})
-				if k := get(ctx, t, cfg, kvc); !expanded || k.Status.BackendQuota == nil || k.Status.BackendQuota.String() != "57Mi" {
-					t.Errorf("the added member's claim expanded: %t; backendQuota %v, want it kept at 57Mi", expanded, k.Status.BackendQuota)
+				if k := get(ctx, t, cfg, kvc); !expanded || k.Status.BackendQuota == nil || k.Status.BackendQuota.String() != "204Mi" {
+					t.Errorf("the added member's claim expanded: %t; backendQuota %v, want it kept at 204Mi", expanded, k.Status.BackendQuota)
 				}
 				return ctx
 			}).

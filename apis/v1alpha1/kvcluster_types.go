@@ -12,7 +12,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup (s3 or pvc): where the backups go"
 // +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
 // +kubebuilder:validation:XValidation:rule="(has(self.tls) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') || (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') == 'Disabled'",message="tls.mode can change only from plaintext to TLS (Operator or Secrets: the members move one at a time, clients keep working); moving back to plaintext, or between Operator and Secrets, is not supported yet"
-// +kubebuilder:validation:XValidation:rule="!has(self.space) || !has(self.space.backendQuota) || quantity(string(self.space.backendQuota)).asApproximateFloat() <= quantity(has(self.storage) && has(self.storage.size) ? string(self.storage.size) : '1Gi').asApproximateFloat() * 0.8",message="space.backendQuota may be at most 80% of storage.size: the rest holds the write-ahead log, snapshots and the copy a defragmentation writes"
+// +kubebuilder:validation:XValidation:rule="!has(self.space) || !has(self.space.backendQuota) || quantity(string(self.space.backendQuota)).asApproximateFloat() <= quantity((has(self.storage) && has(self.storage.size) ? string(self.storage.size) : '1Gi')).asApproximateFloat() * 0.85 - 256000000.0 || (oldSelf.hasValue() && has(oldSelf.value().space) && has(oldSelf.value().space.backendQuota) && oldSelf.value().space.backendQuota == self.space.backendQuota && has(oldSelf.value().storage) == has(self.storage) && (!has(self.storage) || has(oldSelf.value().storage.size) == has(self.storage.size) && (!has(self.storage.size) || oldSelf.value().storage.size == self.storage.size)))",message="space.backendQuota may be at most 85% of storage.size less 256MB (244Mi): the rest is the file system's own and the write-ahead log's (see the README's Disk space); the default, half of that, also leaves room for the second database file a defragmentation writes",optionalOldSelf=true
 type KVClusterSpec struct {
 	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
 	// etcd 3.6 and later are supported. Changing it starts a rolling upgrade, one member at a time.
@@ -22,7 +22,6 @@ type KVClusterSpec struct {
 	//
 	// +required
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('v')",message="version must be written without a leading 'v', e.g. 3.7.3"
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('v') || self.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$')",message="version must be MAJOR.MINOR.PATCH, e.g. 3.7.3"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$') || (int(self.split('.')[0]) == 3 && int(self.split('.')[1]) >= 6)",message="etcd versions from 3.6.0 on are supported (3.x with x >= 6)"
@@ -624,11 +623,11 @@ type StorageSpec struct {
 	// Size of each member's volume. It may grow: the operator expands each member's claim (its
 	// StorageClass must allow volume expansion), and once every member's volume has the new size
 	// the default backend quota follows it (members restart one at a time). It never shrinks:
-	// volumes cannot.
+	// volumes cannot. At least 512Mi: a member's write-ahead log alone may take 256MB.
 	//
 	// +optional
 	// +kubebuilder:default="1Gi"
-	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('64Mi')) >= 0",message="storage.size must be at least 64Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('512Mi')) >= 0",message="storage.size must be at least 512Mi: a member's write-ahead log alone may take 244Mi, and its database needs room beside it"
 	Size resource.Quantity `json:"size,omitzero"`
 
 	// StorageClassName of the volumes; empty uses the cluster's default StorageClass.
@@ -643,9 +642,10 @@ type StorageSpec struct {
 type SpaceSpec struct {
 	// BackendQuota is the size of a member's database file at which etcd raises its NOSPACE alarm
 	// and the whole cluster refuses writes (the operator then frees space: see the README's
-	// "Running out of space"). Default: 60% of storage.size, at most 8Gi. While volumes are being
-	// expanded, the members keep the quota of the size they all have (status.volumeSize): the
-	// default's share of it, and never more than 80% of it.
+	// "Running out of space"). At most 85% of storage.size less 256MB: the file system keeps a share
+	// and the write-ahead log takes up to 256MB (see the README's "Disk space"). Default: half of
+	// that, at most 8Gi, so a defragmentation's copy of the database fits too. While volumes are
+	// being expanded, the members keep the quota of the size they all have (status.volumeSize).
 	//
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('16Mi')) >= 0 && quantity(string(self)).compareTo(quantity('8Gi')) <= 0",message="space.backendQuota must be from 16Mi to 8Gi (etcd's largest recommended database)"
@@ -726,7 +726,6 @@ type AutoCompactionSpec struct {
 	// 10000).
 	//
 	// +optional
-	// +kubebuilder:validation:MaxLength=32
 	Retention string `json:"retention,omitempty"`
 }
 

@@ -296,8 +296,11 @@ func setSpacePressure(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, obs Observa
 			message += fmt.Sprintf("; it does not defragment %s: larger than %d GiB, which a member cannot rewrite before its liveness probe restarts it",
 				strings.Join(free.TooLarge, ", "), maxOnlineDefragmentBytes>>30)
 		}
-		message += ". Delete keys that are no longer needed (the operator then frees the space and disarms the alarm), raise " +
-			"spec.space.backendQuota if storage.size leaves room (up to 80% of it), or restore a backup into a new KVCluster with a larger storage.size"
+		message += ". Delete keys that are no longer needed (the operator then frees the space and disarms the alarm)"
+		if most := specs.MaxQuotaBytes(specs.StorageSize(kvc)); st.BackendQuota != nil && most > st.BackendQuota.Value()+1<<20 {
+			message += fmt.Sprintf(", raise spec.space.backendQuota (storage.size holds a quota of up to %s)", sizeOf(most))
+		}
+		message += ", or grow storage.size"
 	case len(noSpace) > 0:
 		status, reason = true, ReasonNoSpace
 		message = fmt.Sprintf("etcd raised the NOSPACE alarm (%s): a database reached the quota and the cluster refuses writes "+

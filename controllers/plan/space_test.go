@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -237,7 +238,10 @@ func TestFreeSpace(t *testing.T) {
 			return s
 		}(), want: "compact 900", wantReason: ReasonNoSpace},
 		{name: "no room even then: say what to do", s: noSpace().defragmented(all, 90, 90, 90).compacted(all...), want: "exhausted",
-			wantReason: ReasonSpaceExhausted, wantMsg: "Delete keys that are no longer needed"},
+			wantReason: ReasonSpaceExhausted, wantMsg: "raise spec.space.backendQuota (storage.size holds a quota of up to 626Mi), or grow storage.size"},
+		{name: "no room, and the volume holds no larger quota: grow it", s: noSpace().defragmented(all, 90, 90, 90).compacted(all...).with(func(s *scenario) {
+			s.kvc.Spec.Storage.Size = resource.MustParse("384Mi") // an earlier release's: holds 82Mi
+		}), want: "exhausted", wantReason: ReasonSpaceExhausted, wantMsg: "disarms the alarm), or grow storage.size"},
 		{name: "free pages under a MiB are not worth a second defragmentation", s: func() *scenario {
 			s := noSpace().defragmented(all, 90, 90, 90).compacted(all...)
 			s.member(0).DBSize += mib - 1

@@ -166,13 +166,42 @@ func recordedVolumeSize(kvc *kvv1.KVCluster, obs Observation) *resource.Quantity
 // membersQuota is the backend quota members run with: specs.QuotaBackendBytes of the size every
 // member's volume is known to have (knownVolumeSize). A spec quota raised together with
 // storage.size, more than the present volumes hold, waits for them with the quota the members
-// have now, rather than restarting them twice.
+// have now, rather than restarting them twice. A quota below the one the members run that is not
+// the spec's own value (the default, or a spec quota an earlier release admitted, both of which
+// gave the volume's WAL too little room) is taken only once every member's database fits well
+// under it; until then the members keep theirs: a quota below a database raises NOSPACE.
 func membersQuota(kvc *kvv1.KVCluster, obs Observation, recorded *resource.Quantity) int64 {
 	quota := specs.QuotaBackendBytes(kvc, knownVolumeSize(kvc, obs, recorded))
-	if spec := kvc.Spec.Space.BackendQuota; spec != nil && spec.Value() > quota && obs.STSQuota > 0 && obs.STSQuota <= quota {
-		return obs.STSQuota
+	spec, running := kvc.Spec.Space.BackendQuota, obs.STSQuota
+	switch {
+	case spec != nil && spec.Value() <= quota, running == 0:
+		return quota
+	case running <= quota:
+		if spec != nil {
+			return running
+		}
+		return quota
+	case databasesFitUnder(obs, quota):
+		return quota
+	case spec != nil:
+		return min(running, spec.Value())
 	}
-	return quota
+	return running
+}
+
+// databasesFitUnder: every member answered this reconcile with a database file of at most half
+// the quota, below where routine defragmentation (half the quota) and SpacePressure (80%) start,
+// so a lower quota is taken once and not lowered again after the next defragmentation.
+func databasesFitUnder(obs Observation, quota int64) bool {
+	if obs.Cluster == nil || len(obs.Cluster.Members) == 0 {
+		return false
+	}
+	for _, m := range obs.Cluster.Members {
+		if !m.Healthy || m.DBSize == 0 || m.DBSize > quota/2 {
+			return false
+		}
+	}
+	return true
 }
 
 // knownVolumeSize is the size every member's volume is known to have: status.volumeSize once

@@ -81,8 +81,7 @@ func TestVolumeGrowth(t *testing.T) {
 		if flag, ok := strings.CutPrefix(size, "="); ok {
 			return "--quota-backend-bytes=" + flag + " "
 		}
-		q := resource.MustParse(size)
-		return fmt.Sprintf("--quota-backend-bytes=%d ", q.Value()*6/10)
+		return fmt.Sprintf("--quota-backend-bytes=%d ", specs.QuotaBackendBytes(&kvv1.KVCluster{}, resource.MustParse(size)))
 	}
 	tests := []struct {
 		name       string
@@ -104,23 +103,23 @@ func TestVolumeGrowth(t *testing.T) {
 			wantPhase: kvv1.PhaseUpgrading, wantReason: ReasonExpandingVolumes, wantMsg: "data-kv-0 has 1Gi, data-kv-2 has 1Gi",
 			wantSize: "1Gi", wantQuota: "1Gi"},
 		{name: "every volume has it: recorded, the quota follows", s: onVolumes("2Gi", "1Gi", "2Gi", "2Gi", "2Gi").recorded("1Gi"),
-			wantPhase: kvv1.PhaseUpgrading, wantReason: ReasonUpgrading, wantMsg: "restarting the members to take a backend quota of 1228Mi",
+			wantPhase: kvv1.PhaseUpgrading, wantReason: ReasonUpgrading, wantMsg: "restarting the members to take a backend quota of 748Mi",
 			wantSize: "2Gi", wantQuota: "2Gi",
-			wantEvent: EventVolumesExpanded + ": every member's volume has 2Gi now (was 1Gi): the backend quota goes from 614Mi to 1228Mi"},
+			wantEvent: EventVolumesExpanded + ": every member's volume has 2Gi now (was 1Gi): the backend quota goes from 313Mi to 748Mi"},
 		{name: "every volume has it, the spec's quota stays", s: onVolumes("2Gi", "1Gi", "2Gi", "2Gi", "2Gi").recorded("1Gi").with(func(s *scenario) {
 			q := resource.MustParse("100Mi")
 			s.kvc.Spec.Space.BackendQuota, s.obs.STSQuota = &q, q.Value()
 		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonIdle, wantSize: "2Gi", wantQuota: fmt.Sprintf("=%d", 100<<20),
 			wantEvent: EventVolumesExpanded + ": every member's volume has 2Gi now (was 1Gi)"},
 		{name: "a quota raised with the size waits for the volumes", s: onVolumes("2Gi", "1Gi", "2Gi/1Gi", "2Gi/1Gi", "2Gi/1Gi").recorded("1Gi").with(func(s *scenario) {
-			q := resource.MustParse("1500Mi")
+			q := resource.MustParse("1400Mi")
 			s.kvc.Spec.Space.BackendQuota, s.obs.STSQuota = &q, 600<<20
 		}), wantPhase: kvv1.PhaseUpgrading, wantReason: ReasonExpandingVolumes, wantSize: "1Gi", wantQuota: fmt.Sprintf("=%d", 600<<20)},
 		{name: "then takes it once they have grown", s: onVolumes("2Gi", "1Gi", "2Gi", "2Gi", "2Gi").recorded("1Gi").with(func(s *scenario) {
-			q := resource.MustParse("1500Mi")
+			q := resource.MustParse("1400Mi")
 			s.kvc.Spec.Space.BackendQuota, s.obs.STSQuota = &q, 600<<20
-		}), wantPhase: kvv1.PhaseUpgrading, wantReason: ReasonUpgrading, wantMsg: "restarting the members to take a backend quota of 1500Mi",
-			wantSize: "2Gi", wantQuota: fmt.Sprintf("=%d", 1500<<20), wantEvent: "the backend quota goes from 600Mi to 1500Mi"},
+		}), wantPhase: kvv1.PhaseUpgrading, wantReason: ReasonUpgrading, wantMsg: "restarting the members to take a backend quota of 1400Mi",
+			wantSize: "2Gi", wantQuota: fmt.Sprintf("=%d", 1400<<20), wantEvent: "the backend quota goes from 600Mi to 1400Mi"},
 		{name: "recorded before this release: the template's size, no restart", s: onVolumes("1Gi", "1Gi", "1Gi/1Gi", "1Gi/1Gi"),
 			wantPhase: kvv1.PhaseReady, wantReason: ReasonIdle, wantQuota: "1Gi"}, // kv-2 has no claim: not recorded yet
 		{name: "a member added after growing starts on the template: expanded, the quota stays", s: onVolumes("2Gi", "1Gi", "2Gi", "2Gi", "1Gi").recorded("2Gi"),
@@ -230,5 +229,67 @@ func TestAFileSystemGrownOnlyOnMountRestartsItsMember(t *testing.T) {
 	p = Make(s.kvc, s.obs, t0, Config{})
 	if p.Rollout.Action != ActWait || !strings.Contains(p.Message, "data-kv-2 has 1Gi, its file system grows when its member restarts") {
 		t.Errorf("restarted since the claim began to wait: action %d (%s); want no second restart", p.Rollout.Action, p.Message)
+	}
+}
+
+// TestAQuotaTooLargeForTheWALIsLoweredOnceTheDatabasesFit: members running a quota that leaves
+// the WAL too little room (an earlier release's default of 60% of the volume, or a spec quota it
+// admitted) move to today's only once every member answers with a database of at most half of
+// it, so they restart once and the lower quota brings no database near it; until then they keep
+// theirs. A spec quota the volume holds is the spec's.
+func TestAQuotaTooLargeForTheWALIsLoweredOnceTheDatabasesFit(t *testing.T) {
+	earlier := int64(1<<30) * 6 / 10 // 614Mi
+	today := specs.QuotaBackendBytes(&kvv1.KVCluster{}, resource.MustParse("1Gi"))
+	running := func(quota int64, dbs ...int64) func(*scenario) {
+		return func(s *scenario) {
+			s.obs.STSQuota = quota
+			for i := range s.obs.Cluster.Members {
+				s.obs.Cluster.Members[i].DBSize = 0
+				if i < len(dbs) {
+					s.obs.Cluster.Members[i].DBSize = dbs[i]
+				}
+			}
+		}
+	}
+	specQuota := func(size string) func(*scenario) {
+		return func(s *scenario) {
+			q := resource.MustParse(size)
+			s.kvc.Spec.Space.BackendQuota = &q
+		}
+	}
+	tests := []struct {
+		name      string
+		with      []func(*scenario)
+		wantQuota int64
+	}{
+		{name: "small databases: today's default", with: []func(*scenario){running(earlier, 20<<20, 21<<20, today/2)}, wantQuota: today},
+		{name: "a database past half of it: kept", with: []func(*scenario){running(earlier, 20<<20, today/2+1, 20<<20)}, wantQuota: earlier},
+		{name: "a member that does not answer: kept", with: []func(*scenario){running(earlier, 20<<20, 20<<20, 20<<20), func(s *scenario) {
+			s.obs.Cluster.Members[1].Healthy = false
+		}}, wantQuota: earlier},
+		{name: "a member's size unknown: kept", with: []func(*scenario){running(earlier, 20<<20, 21<<20)}, wantQuota: earlier},
+		{name: "etcd does not answer: kept", with: []func(*scenario){running(earlier), func(s *scenario) { s.obs.Cluster = nil }}, wantQuota: earlier},
+		{name: "a spec quota admitted earlier, past what the volume holds, databases large: kept", with: []func(*scenario){
+			running(800<<20, 20<<20, 400<<20, 20<<20), specQuota("800Mi")}, wantQuota: 800 << 20},
+		{name: "a spec quota admitted earlier, databases small: what the volume holds", with: []func(*scenario){
+			running(800<<20, 20<<20, 20<<20, 20<<20), specQuota("800Mi")}, wantQuota: specs.MaxQuotaBytes(resource.MustParse("1Gi"))},
+		{name: "a spec quota lowered by a person is theirs", with: []func(*scenario){running(earlier, 20<<20, 400<<20, 20<<20), specQuota("100Mi")}, wantQuota: 100 << 20},
+		{name: "a default that grows is taken", with: []func(*scenario){running(100 << 20)}, wantQuota: today},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := onVolumes("1Gi", "1Gi", "1Gi", "1Gi", "1Gi").recorded("1Gi")
+			for _, f := range tt.with {
+				s.with(f)
+			}
+			p := Make(s.kvc, s.obs, t0, Config{})
+			if p.Children == nil || p.Children.Set.Quota != tt.wantQuota {
+				got := int64(-1)
+				if p.Children != nil {
+					got = p.Children.Set.Quota
+				}
+				t.Errorf("members' quota %d, want %d", got, tt.wantQuota)
+			}
+		})
 	}
 }

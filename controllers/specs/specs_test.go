@@ -70,25 +70,28 @@ func TestPodDisruptionBudgetKeepsQuorum(t *testing.T) {
 	}
 }
 
-// TestSpaceFlags: the quota is spec.space.backendQuota, else 60% of the volume (at most 8 GiB),
-// never more than 80% of the volume the members have; auto-compaction keeps an hour of history
-// unless the spec says otherwise.
+// TestSpaceFlags: the quota is spec.space.backendQuota, else half of what the volume holds beside
+// the WAL (at most 8 GiB), never more than that nor less than 16 MiB; the WAL is kept to four
+// segments; auto-compaction keeps an hour of history unless the spec says otherwise.
 func TestSpaceFlags(t *testing.T) {
+	holds := func(size int64) int64 { return size*85/100 - 256_000_000 } // beside the WAL
 	tests := []struct {
 		name, size, quota string
 		volume            string // the size the members' volumes have reached, when not storage.size
 		compaction        kvv1.AutoCompactionSpec
 		want              string
 	}{
-		{name: "defaults: 60% of 1Gi, an hour", size: "1Gi",
-			want: fmt.Sprintf("--quota-backend-bytes=%d --auto-compaction-mode=periodic --auto-compaction-retention=1h", (1<<30)*6/10)},
-		{name: "60% of the smallest volume", size: "64Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", (64<<20)*6/10)},
+		{name: "defaults: half of what 1Gi holds, an hour", size: "1Gi",
+			want: fmt.Sprintf("--quota-backend-bytes=%d --auto-compaction-mode=periodic --auto-compaction-retention=1h", holds(1<<30)/2)},
+		{name: "half of what the smallest volume holds", size: "512Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", holds(512<<20)/2)},
 		{name: "capped at etcd's recommended maximum", size: "100Gi", want: fmt.Sprintf("--quota-backend-bytes=%d", 8<<30)},
-		{name: "the spec's quota", size: "64Mi", quota: "24Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 24<<20)},
-		{name: "80% of the spec's size", size: "100Mi", quota: "80Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 80<<20)},
-		{name: "60% of the volumes while they grow", size: "2Gi", volume: "1Gi", want: fmt.Sprintf("--quota-backend-bytes=%d", (1<<30)*6/10)},
-		{name: "a raised quota waits for the volumes", size: "200Mi", volume: "100Mi", quota: "150Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", (100<<20)*8/10)},
-		{name: "a quota the volumes hold already", size: "200Mi", volume: "100Mi", quota: "50Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 50<<20)},
+		{name: "the spec's quota", size: "512Mi", quota: "24Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 24<<20)},
+		{name: "the spec's quota, up to what the volume holds", size: "1Gi", quota: "600Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 600<<20)},
+		{name: "the default of the volumes while they grow", size: "2Gi", volume: "1Gi", want: fmt.Sprintf("--quota-backend-bytes=%d", holds(1<<30)/2)},
+		{name: "a raised quota waits for the volumes", size: "2Gi", volume: "1Gi", quota: "1400Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", holds(1<<30))},
+		{name: "a quota the volumes hold already", size: "2Gi", volume: "1Gi", quota: "500Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 500<<20)},
+		{name: "a volume smaller than admission allows (an earlier release's) gets the least quota", size: "64Mi", want: fmt.Sprintf("--quota-backend-bytes=%d", 16<<20)},
+		{name: "the WAL kept to four segments", size: "1Gi", want: "--snapshot-count=78 --max-wals=3"},
 		{name: "periodic, the spec's retention", size: "1Gi", compaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionPeriodic, Retention: "30m"},
 			want: "--auto-compaction-mode=periodic --auto-compaction-retention=30m"},
 		{name: "by revision, default retention", size: "1Gi", compaction: kvv1.AutoCompactionSpec{Mode: kvv1.AutoCompactionRevision},

@@ -18,28 +18,8 @@ import (
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
 
-const (
-	// nonRootUID is the user etcd runs as; the official image has no user of its own.
-	nonRootUID = 65532
-	// maxQuotaBytes is etcd's recommended upper limit for the backend database.
-	maxQuotaBytes = 8 << 30
-)
-
-// QuotaBackendBytes is the quota for members on volumes of the given size (zero: storage.size):
-// spec.space.backendQuota, by default 60% of the volume (at most 8 GiB), so etcd raises its
-// NOSPACE alarm and refuses writes before the disk itself fills up and the WAL cannot be written.
-// Never more than 80% of the volume (what admission allows of storage.size), which a quota raised
-// together with storage.size exceeds until the volumes have grown.
-func QuotaBackendBytes(kvc *kvv1.KVCluster, volume resource.Quantity) int64 {
-	if volume.IsZero() {
-		volume = StorageSize(kvc)
-	}
-	limit := volume.Value() * 8 / 10
-	if q := kvc.Spec.Space.BackendQuota; q != nil {
-		return min(q.Value(), limit)
-	}
-	return min(volume.Value()*6/10, maxQuotaBytes)
-}
+// nonRootUID is the user etcd runs as; the official image has no user of its own.
+const nonRootUID = 65532
 
 // autoCompaction is the cluster's etcd auto-compaction mode and retention, defaults filled in.
 func autoCompaction(kvc *kvv1.KVCluster) (mode, retention string) {
@@ -213,6 +193,7 @@ func EtcdArgs(kvc *kvv1.KVCluster, t Transport, quota int64) []string {
 	// Old history is compacted away, so the database does not grow without bound.
 	mode, retention := autoCompaction(kvc)
 	args = append(args, "--auto-compaction-mode="+mode, "--auto-compaction-retention="+retention)
+	args = append(args, walArgs()...)
 	return append(args, etcdTLSArgs(t)...)
 }
 

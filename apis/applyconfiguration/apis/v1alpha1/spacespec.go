@@ -13,9 +13,10 @@ import (
 type SpaceSpecApplyConfiguration struct {
 	// BackendQuota is the size of a member's database file at which etcd raises its NOSPACE alarm
 	// and the whole cluster refuses writes (the operator then frees space: see the README's
-	// "Running out of space"). Default: 60% of storage.size, at most 8Gi. While volumes are being
-	// expanded, the members keep the quota of the size they all have (status.volumeSize): the
-	// default's share of it, and never more than 80% of it.
+	// "Running out of space"). At most 85% of storage.size less 256MB: the file system keeps a share
+	// and the write-ahead log takes up to 256MB (see the README's "Disk space"). Default: half of
+	// that, at most 8Gi, so a defragmentation's copy of the database fits too. While volumes are
+	// being expanded, the members keep the quota of the size they all have (status.volumeSize).
 	BackendQuota *resource.Quantity `json:"backendQuota,omitempty"`
 	// AutoCompaction is how much history each member keeps: older revisions are compacted away
 	// (their space is reused, the file does not shrink). Default: Periodic, one hour.

@@ -14,7 +14,7 @@ type StorageSpecApplyConfiguration struct {
 	// Size of each member's volume. It may grow: the operator expands each member's claim (its
 	// StorageClass must allow volume expansion), and once every member's volume has the new size
 	// the default backend quota follows it (members restart one at a time). It never shrinks:
-	// volumes cannot.
+	// volumes cannot. At least 512Mi: a member's write-ahead log alone may take 256MB.
 	Size *resource.Quantity `json:"size,omitempty"`
 	// StorageClassName of the volumes; empty uses the cluster's default StorageClass.
 	StorageClassName *string `json:"storageClassName,omitempty"`
