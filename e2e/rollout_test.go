@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -31,10 +32,23 @@ type writerReport struct {
 	Acknowledged             int      `json:"acknowledged"`
 	Failed                   int      `json:"failed"`
 	LongestUnavailableMillis int64    `json:"longestUnavailableMillis"`
+	LongestUnavailableSince  string   `json:"longestUnavailableSince"`
 	LastError                string   `json:"lastError"`
 	Checked                  bool     `json:"checked"`
 	Missing                  []string `json:"missing"`
 	Present                  int      `json:"present"`
+}
+
+// String says what the writer saw, with when its longest outage began (to match with events).
+func (r writerReport) String() string {
+	s := fmt.Sprintf("%d acknowledged, %d failed, longest unavailability %d ms", r.Acknowledged, r.Failed, r.LongestUnavailableMillis)
+	if r.LongestUnavailableSince != "" {
+		s += " from " + r.LongestUnavailableSince
+	}
+	if r.LastError != "" {
+		s += " (" + r.LastError + ")"
+	}
+	return s
 }
 
 // startWriter runs the continuous writer against the cluster's client Service, with the
@@ -121,6 +135,22 @@ func memberPods(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv
 		out[pods.Items[i].Name] = &pods.Items[i]
 	}
 	return out
+}
+
+// logMemberWarnings logs the warnings and errors each member logged since it started (etcd logs
+// JSON lines), the last ones of each: what a failed availability check needs to be explained.
+func logMemberWarnings(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
+	t.Helper()
+	for _, name := range slices.Sorted(maps.Keys(memberPods(ctx, t, cfg, kvc))) {
+		logs, _ := kubectl(cfg, "-n", kvc.Namespace, "logs", name, "-c", "etcd")
+		var warnings []string
+		for _, line := range strings.Split(logs, "\n") {
+			if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
+				warnings = append(warnings, line)
+			}
+		}
+		t.Logf("%s warned %d times since it started; the last ones:\n%s", name, len(warnings), strings.Join(warnings[max(len(warnings)-15, 0):], "\n"))
+	}
 }
 
 func votingMembers(k *kvv1.KVCluster) (voting, learners int, leader string) {

@@ -47,11 +47,14 @@ type Report struct {
 	Failed       int `json:"failed"`
 	// LongestUnavailableMillis is the longest time between two successful writes (or from the last
 	// success to now), i.e. the longest the cluster was unavailable to this client.
-	LongestUnavailableMillis int64    `json:"longestUnavailableMillis"`
-	LastError                string   `json:"lastError,omitempty"`
-	Checked                  bool     `json:"checked"`
-	Missing                  []string `json:"missing,omitempty"`
-	Present                  int      `json:"present"`
+	LongestUnavailableMillis int64 `json:"longestUnavailableMillis"`
+	// LongestUnavailableSince is when that time began (the success before it), to match an outage
+	// with what the operator did then (its events).
+	LongestUnavailableSince string   `json:"longestUnavailableSince,omitempty"`
+	LastError               string   `json:"lastError,omitempty"`
+	Checked                 bool     `json:"checked"`
+	Missing                 []string `json:"missing,omitempty"`
+	Present                 int      `json:"present"`
 }
 
 type writer struct {
@@ -63,6 +66,7 @@ type writer struct {
 	failed      int
 	lastSuccess time.Time
 	longest     time.Duration
+	longestFrom time.Time
 	lastErr     string
 	stopped     bool
 }
@@ -87,7 +91,9 @@ func (w *writer) run(ctx context.Context, interval time.Duration) {
 		} else {
 			w.acked = append(w.acked, key)
 			if !w.lastSuccess.IsZero() { // measured from the first success: connecting is not an outage
-				w.longest = max(w.longest, now.Sub(w.lastSuccess))
+				if gap := now.Sub(w.lastSuccess); gap > w.longest {
+					w.longest, w.longestFrom = gap, w.lastSuccess
+				}
 			}
 			w.lastSuccess = now
 		}
@@ -99,11 +105,15 @@ func (w *writer) run(ctx context.Context, interval time.Duration) {
 func (w *writer) report() Report {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	longest := w.longest
-	if !w.stopped && !w.lastSuccess.IsZero() {
-		longest = max(longest, time.Since(w.lastSuccess))
+	longest, from := w.longest, w.longestFrom
+	if !w.stopped && !w.lastSuccess.IsZero() && time.Since(w.lastSuccess) > longest {
+		longest, from = time.Since(w.lastSuccess), w.lastSuccess
 	}
-	return Report{Acknowledged: len(w.acked), Failed: w.failed, LongestUnavailableMillis: longest.Milliseconds(), LastError: w.lastErr}
+	rep := Report{Acknowledged: len(w.acked), Failed: w.failed, LongestUnavailableMillis: longest.Milliseconds(), LastError: w.lastErr}
+	if !from.IsZero() {
+		rep.LongestUnavailableSince = from.UTC().Format(time.RFC3339Nano)
+	}
+	return rep
 }
 
 // check reads every key under the prefix (linearizably) and lists the acknowledged ones missing.
@@ -285,7 +295,7 @@ func main() {
 		rep := w.report()
 		if r.URL.Query().Get("reset") == "true" {
 			w.mu.Lock()
-			w.longest = 0
+			w.longest, w.longestFrom = 0, time.Time{}
 			w.mu.Unlock()
 		}
 		reply(rw, rep, nil)
@@ -308,7 +318,7 @@ func main() {
 			checker = &writer{cli: other, prefix: w.prefix}
 			w.mu.Lock()
 			w.stopped = true
-			checker.acked, checker.failed, checker.longest, checker.lastSuccess, checker.lastErr = w.acked, w.failed, w.longest, w.lastSuccess, w.lastErr
+			checker.acked, checker.failed, checker.longest, checker.longestFrom, checker.lastSuccess, checker.lastErr = w.acked, w.failed, w.longest, w.longestFrom, w.lastSuccess, w.lastErr
 			w.mu.Unlock()
 		}
 		rep, err := checker.check(r.Context())
