@@ -108,15 +108,17 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 }
 
 // observeTLS reads the cluster's TLS Secrets: the operator's own (a Secret under their name that
-// the cluster does not control is someone else's, never written), or those the spec names. In a
-// foreground deletion the garbage collector takes the KVCluster off the owners of the Secrets its
-// guard also owns: those are still the cluster's (guard is the guard's UID, or "").
+// the cluster does not control is someone else's, never written), or those the spec names; and
+// while a cluster moves back to plaintext, the operator's, which its members and clients still
+// use (only read: nothing is issued for it any more). In a foreground deletion the garbage
+// collector takes the KVCluster off the owners of the Secrets its guard also owns: those are
+// still the cluster's (guard is the guard's UID, or "").
 func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID, obs *plan.Observation) (map[string]map[string][]byte, error) {
-	if !specs.TLSEnabled(kvc) {
+	if !specs.TLSEnabled(kvc) && !obs.UsesTLS() {
 		return nil, nil
 	}
 	parts := []string{specs.TLSServer, specs.TLSPeer, specs.TLSClient}
-	operator := kvc.Spec.TLS.Mode == kvv1.TLSOperator
+	operator := specs.TLSEnabled(kvc) && kvc.Spec.TLS.Mode == kvv1.TLSOperator
 	if operator {
 		parts = append([]string{specs.TLSCA}, parts...)
 	}
@@ -381,12 +383,12 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	}
 	// The fence speaks to the members with the cluster's client certificate; without a usable
 	// one it fails, and the final backup goes on unfenced, saying so.
-	secrets, err := r.observeTLS(ctx, kvc, obs.Guard, &plan.Observation{})
-	if err != nil {
-		return nil, obs, nil, err
-	}
 	pods := plan.Observation{Pods: map[int]plan.Pod{}}
 	if err := r.observePods(ctx, kvc, &appsv1.StatefulSet{}, &pods); err != nil {
+		return nil, obs, nil, err
+	}
+	secrets, err := r.observeTLS(ctx, kvc, obs.Guard, &pods)
+	if err != nil {
 		return nil, obs, nil, err
 	}
 	obs.ClientScheme = pods.ClientScheme(kvc)

@@ -108,9 +108,9 @@ func TestATLSClusterGetsItsCertificates(t *testing.T) {
 	}
 }
 
-// TestTLSAdmissionAndYourSecrets: the TLS mode only moves from plaintext to TLS, and mode Secrets needs its
-// Secrets; Secrets that are missing stop the cluster with a condition and an event (nothing is
-// written), and once they are there it goes on.
+// TestTLSAdmissionAndYourSecrets: the TLS mode moves from plaintext to TLS and back, and mode
+// Secrets needs its Secrets; Secrets that are missing stop the cluster with a condition and an
+// event (nothing is written), and once they are there it goes on; moving back keeps using them.
 func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -130,7 +130,8 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	acceptWithout.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, PlaintextClients: kvv1.PlaintextClientsAccept}
 	checkAdmission(t, h.client.Create(ctx, acceptWithout), "plaintextClients: Accept needs TLS")
 
-	// A running plaintext cluster may move to TLS; back, or between the modes, is refused.
+	// A running plaintext cluster may move to TLS, and back from mode Operator; between the modes,
+	// or back from mode Secrets, is refused (every case: apis/v1alpha1's TestTLSModeChanges).
 	plain := newKVCluster(ns, "plain", 1)
 	h.create(plain)
 	p := h.fresh(plain)
@@ -138,16 +139,14 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	if err := h.client.Update(ctx, p); err != nil {
 		t.Fatalf("moving a plaintext cluster to TLS was refused: %v", err)
 	}
-	for what, tls := range map[string]*kvv1.TLSSpec{
-		"back to plaintext": {Mode: kvv1.TLSDisabled},
-		"tls removed":       nil,
-		"to mode Secrets":   {Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c"}},
-	} {
-		p := h.fresh(plain)
-		p.Spec.TLS = tls
-		t.Run(what, func(t *testing.T) {
-			checkAdmission(t, h.client.Update(ctx, p), "tls.mode can change only from plaintext to TLS")
-		})
+	p = h.fresh(plain)
+	p.Spec.TLS.Mode = kvv1.TLSSecrets
+	p.Spec.TLS.Secrets = &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c"}
+	checkAdmission(t, h.client.Update(ctx, p), "tls.mode can change only from plaintext to TLS")
+	p = h.fresh(plain)
+	p.Spec.TLS = nil
+	if err := h.client.Update(ctx, p); err != nil {
+		t.Fatalf("moving a cluster of mode Operator back to plaintext was refused: %v", err)
 	}
 
 	kvc := newKVCluster(ns, "kv", 1)
@@ -217,5 +216,48 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	}
 	if strings.Join(mounted, ",") != "etcd-server,etcd-peer" {
 		t.Errorf("members mount %v, want the user's server and peer Secrets", mounted)
+	}
+
+	// Back to plaintext, keeping the Secrets' names: the members move through both schemes with
+	// their certificates. Dropping the names before the move is done stops it, naming what is
+	// missing, and the template keeps the Secrets the members use.
+	back := h.fresh(kvc)
+	back.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: kvc.Spec.TLS.Secrets}
+	if err := h.client.Update(ctx, back); err != nil {
+		t.Fatalf("moving back to plaintext keeping the Secrets' names was refused: %v", err)
+	}
+	h.reconcile(kvc)
+	moving := func() string {
+		var sts appsv1.StatefulSet
+		h.get(&sts, ns, "kv")
+		var flags []string
+		for _, a := range sts.Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--listen-client-urls=") || strings.HasPrefix(a, "--listen-peer-urls=") || strings.HasPrefix(a, "--peer-cert-file=") {
+				flags = append(flags, a)
+			}
+		}
+		for _, v := range sts.Spec.Template.Spec.Volumes {
+			if v.Secret != nil {
+				flags = append(flags, v.Secret.SecretName)
+			}
+		}
+		return strings.Join(flags, " ")
+	}
+	want := "--listen-client-urls=https://0.0.0.0:2379,http://0.0.0.0:2379 --listen-peer-urls=http://0.0.0.0:2380 --peer-cert-file=/etc/etcd/tls/peer/tls.crt etcd-server etcd-peer"
+	if got := moving(); got != want {
+		t.Errorf("members moving back listen and mount %q, want %q", got, want)
+	}
+	back = h.fresh(kvc)
+	back.Spec.TLS.Secrets = nil
+	if err := h.client.Update(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	if c := meta.FindStatusCondition(h.fresh(kvc).Status.Conditions, kvv1.ConditionStalled); c == nil || c.Reason != plan.ReasonTLSInvalid ||
+		!strings.Contains(c.Message, "kv-tls-server (server certificate) does not exist") {
+		t.Errorf("Stalled = %+v, want the move stopped naming the Secret the members need", c)
+	}
+	if got := moving(); got != want {
+		t.Errorf("without the Secrets' names, members listen and mount %q, want it unchanged: %q", got, want)
 	}
 }

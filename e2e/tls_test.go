@@ -225,10 +225,10 @@ func TestTLSCluster(t *testing.T) {
 				}
 			}
 			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
-				"-o", "custom-columns=REASON:.reason,MESSAGE:.message")
+				"-o", "custom-columns=TIME:.eventTime,REASON:.reason,MESSAGE:.message")
 			t.Logf("events:\n%s", events)
 			rep := writerAsk(ctx, t, cfg, kvc, "stop")
-			t.Logf("writer: %d acknowledged, %d failed, longest unavailability %d ms (%s)", rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis, rep.LastError)
+			t.Logf("writer: %s", rep)
 			if len(rep.Missing) != 0 || !rep.Checked {
 				t.Errorf("acknowledged writes were lost across the CA rotation: %+v", rep)
 			}
@@ -295,6 +295,7 @@ func waitListening(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *
 
 func TestMovingARunningClusterToTLS(t *testing.T) {
 	var kvc *kvv1.KVCluster
+	var failedBefore int // writes failed before the way back
 	withCert := []string{"--cacert=/etc/etcd/tls/peer/ca.crt", "--cert=/etc/etcd/tls/peer/tls.crt", "--key=/etc/etcd/tls/peer/tls.key"}
 	setTLS := func(ctx context.Context, t *testing.T, cfg *envconf.Config, spec *kvv1.TLSSpec) {
 		k := get(ctx, t, cfg, kvc)
@@ -304,7 +305,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 		}
 		kvc.Spec.TLS = spec
 	}
-	f := features.New("a running plaintext cluster moves to TLS under writes: clients keep a scheme every member accepts").
+	f := features.New("a running plaintext cluster moves to TLS and back under writes: clients keep a scheme every member accepts").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			ns := namespaceWithBackupClaim(ctx, t, cfg, "kvc-move-tls", "backup-volume", "256Mi")
 			kvc = backedUpOnClaim(ns, "ledger", 3)
@@ -334,10 +335,10 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 				t.Errorf("a plaintext client was refused while they are accepted: %q", out)
 			}
 			rep := writerAsk(ctx, t, cfg, kvc, "report")
-			t.Logf("writer (plaintext): %d acknowledged, %d failed, longest unavailability %d ms (%s)", rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis, rep.LastError)
+			t.Logf("writer (plaintext): %s", rep)
 			return ctx
 		}).
-		Assess("the application moves to TLS, then plaintext is refused; no acknowledged write is lost", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+		Assess("the application moves to TLS, then plaintext is refused", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			// The client certificate's Secret reaches the writer's volume within a kubelet sync.
 			start := time.Now()
 			if err := wait.For(func(ctx context.Context) (bool, error) {
@@ -358,22 +359,59 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 				t.Errorf("read %q over TLS, want ok", out)
 			}
 			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
-				"--sort-by=.lastTimestamp", "-o", "custom-columns=REASON:.reason,MESSAGE:.message")
+				"--sort-by=.eventTime", "-o", "custom-columns=TIME:.eventTime,REASON:.reason,MESSAGE:.message")
 			t.Logf("events:\n%s", events)
-			rep := writerAsk(ctx, t, cfg, kvc, "stop")
-			t.Logf("writer: %d acknowledged, %d failed, longest unavailability %d ms (%s)", rep.Acknowledged, rep.Failed, rep.LongestUnavailableMillis, rep.LastError)
-			if len(rep.Missing) != 0 || !rep.Checked {
-				t.Errorf("acknowledged writes were lost: %+v", rep)
-			}
+			rep := writerAsk(ctx, t, cfg, kvc, "report")
+			t.Logf("writer: %s", rep)
 			// Three rolls (certificates, peers on TLS, plaintext refused), each handing leadership
 			// over once: a write in flight at a handover may fail.
-			if rep.Failed > 3 {
+			if failedBefore = rep.Failed; rep.Failed > 3 {
 				t.Errorf("%d writes failed while the cluster moved to TLS (at most one per leader handover expected): %s", rep.Failed, rep.LastError)
+				logMemberWarnings(ctx, t, cfg, kvc)
 			}
 			return ctx
 		}).
 		Assess("a scheduled backup reaches the members over TLS", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			waitForBackup(ctx, t, cfg, kvc, time.Now())
+			return ctx
+		}).
+		Assess("and back: plaintext accepted, the application moves to it, then TLS goes; no acknowledged write is lost", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			setTLS(ctx, t, cfg, &kvv1.TLSSpec{Mode: kvv1.TLSOperator, PlaintextClients: kvv1.PlaintextClientsAccept})
+			waitListening(ctx, t, cfg, kvc, "--listen-client-urls=https://0.0.0.0:2379,http://0.0.0.0:2379 --listen-peer-urls=https://0.0.0.0:2380")
+			if _, err := writerGet(ctx, t, cfg, kvc, "switch", "endpoints", clientService(kvc, "http")); err != nil {
+				t.Fatalf("the writer could not move to plaintext: %v", err)
+			}
+			setTLS(ctx, t, cfg, &kvv1.TLSSpec{Mode: kvv1.TLSDisabled})
+			waitListening(ctx, t, cfg, kvc, "--listen-client-urls=http://0.0.0.0:2379 --listen-peer-urls=http://0.0.0.0:2380")
+			if got := get(ctx, t, cfg, kvc); got.Status.ClientEndpoint != clientService(kvc, "http") {
+				t.Errorf("status.clientEndpoint %s, want http", got.Status.ClientEndpoint)
+			}
+			members := etcdctl(ctx, t, cfg, kvc, "ledger-0", "--endpoints=http://localhost:2379", "member", "list")
+			lines := strings.Split(strings.TrimSpace(members), "\n")
+			for _, line := range lines { // ID, status, name, peer URLs, client URLs, learner
+				if f := strings.Split(line, ", "); len(f) < 4 || !strings.HasPrefix(f[3], "http://") || len(lines) != 3 {
+					t.Errorf("etcd's membership does not have every member's peer URL on http:\n%s", members)
+					break
+				}
+			}
+			if out, why, refused := etcdctlRefused(ctx, cfg, kvc, "ledger-1", "--endpoints=https://localhost:2379", "--insecure-skip-tls-verify", "get", "--print-value-only", "plain/still"); !refused || strings.TrimSpace(out) != "" {
+				t.Errorf("a TLS client read a key from a plaintext cluster: %q", out)
+			} else {
+				t.Logf("a TLS client: %s", why)
+			}
+			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
+				"--sort-by=.eventTime", "-o", "custom-columns=TIME:.eventTime,REASON:.reason,MESSAGE:.message")
+			t.Logf("events:\n%s", events)
+			rep := writerAsk(ctx, t, cfg, kvc, "stop")
+			t.Logf("writer: %s", rep)
+			if len(rep.Missing) != 0 || !rep.Checked {
+				t.Errorf("acknowledged writes were lost: %+v", rep)
+			}
+			// Three more rolls (plaintext accepted, peers on plaintext, certificates gone).
+			if rep.Failed-failedBefore > 3 {
+				t.Errorf("%d writes failed while the cluster moved back to plaintext (at most one per leader handover expected): %s", rep.Failed-failedBefore, rep.LastError)
+				logMemberWarnings(ctx, t, cfg, kvc)
+			}
 			return ctx
 		}).
 		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {

@@ -11,7 +11,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.backupSchedule) || self.backupSchedule.size() == 0 || has(self.backup)",message="backupSchedule needs spec.backup (s3 or pvc): where the backups go"
 // +kubebuilder:validation:XValidation:rule="has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",message="restore is set at creation and cannot be changed: it only says where a new cluster's data came from"
-// +kubebuilder:validation:XValidation:rule="(has(self.tls) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') || (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') == 'Disabled'",message="tls.mode can change only from plaintext to TLS (Operator or Secrets: the members move one at a time, clients keep working); moving back to plaintext, or between Operator and Secrets, is not supported yet"
+// +kubebuilder:validation:XValidation:rule="(has(self.tls) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') || (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') == 'Disabled' || (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') == 'Operator' && (has(self.tls) ? self.tls.mode : 'Disabled') == 'Disabled' || (has(oldSelf.tls) ? oldSelf.tls.mode : 'Disabled') == 'Secrets' && has(self.tls) && self.tls.mode == 'Disabled' && has(self.tls.secrets) && self.tls.secrets == oldSelf.tls.secrets",message="tls.mode can change only from plaintext to TLS (Operator or Secrets) and back to plaintext (the members move one at a time, clients keep working; from mode Secrets, keep tls.secrets as they are while the members move); between Operator and Secrets is not supported yet"
 // +kubebuilder:validation:XValidation:rule="!has(self.space) || !has(self.space.backendQuota) || quantity(string(self.space.backendQuota)).asApproximateFloat() <= quantity((has(self.storage) && has(self.storage.size) ? string(self.storage.size) : '1Gi')).asApproximateFloat() * 0.85 - 256000000.0 || (oldSelf.hasValue() && has(oldSelf.value().space) && has(oldSelf.value().space.backendQuota) && oldSelf.value().space.backendQuota == self.space.backendQuota && has(oldSelf.value().storage) == has(self.storage) && (!has(self.storage) || has(oldSelf.value().storage.size) == has(self.storage.size) && (!has(self.storage.size) || oldSelf.value().storage.size == self.storage.size)))",message="space.backendQuota may be at most 85% of storage.size less 256MB (244Mi): the rest is the file system's own and the write-ahead log's (see the README's Disk space); the default, half of that, also leaves room for the second database file a defragmentation writes",optionalOldSelf=true
 type KVClusterSpec struct {
 	// Version is the etcd release to run, as MAJOR.MINOR.PATCH without a leading "v", e.g. "3.7.3".
@@ -64,7 +64,8 @@ type KVClusterSpec struct {
 	// TLS secures the members' client and peer traffic with mutual TLS: every client (the operator,
 	// backup Jobs, applications) presents a certificate from the cluster's CA, and members
 	// authenticate each other. Unset: plaintext to the operator, but the admission policy that
-	// deploy/default installs gives new clusters mode Operator. Only plaintext → TLS may change.
+	// deploy/default installs gives new clusters mode Operator. A running cluster may move from
+	// plaintext to TLS and back (see the README's TLS).
 	//
 	// +optional
 	TLS *TLSSpec `json:"tls,omitempty"`
@@ -144,7 +145,8 @@ const (
 
 // TLSSpec says where the certificates come from.
 //
-// +kubebuilder:validation:XValidation:rule="(self.mode == 'Secrets') == has(self.secrets)",message="tls.secrets is required with mode Secrets, and only then"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Secrets' || has(self.secrets)",message="tls.secrets is required with mode Secrets"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Operator' || !has(self.secrets)",message="tls.secrets is for mode Secrets (and mode Disabled while a cluster moves back from it): mode Operator issues its own"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'Disabled' || !has(self.plaintextClients) || self.plaintextClients == 'Refuse'",message="plaintextClients: Accept needs TLS (mode Operator or Secrets): without it every client is plaintext"
 type TLSSpec struct {
 	// Mode is Operator (certificates issued and renewed by the operator), Secrets (yours) or
@@ -155,14 +157,17 @@ type TLSSpec struct {
 
 	// Secrets names the Secrets holding tls.crt, tls.key and ca.crt (mode Secrets): server for the
 	// members' client port, peer between members (its certificate must allow both server and
-	// client authentication), client for the operator and backup Jobs.
+	// client authentication), client for the operator and backup Jobs. Kept with mode Disabled,
+	// members moving back to plaintext use them until they no longer need certificates.
 	//
 	// +optional
 	Secrets *TLSSecretNames `json:"secrets,omitempty"`
 
 	// PlaintextClients says whether the members' client port also accepts plaintext clients:
 	// Refuse (the default) or Accept. Accept is for moving a running cluster to TLS: the members
-	// move to TLS and accept both until you set Refuse, once your applications use TLS.
+	// move to TLS and accept both until you set Refuse, once your applications use TLS; and
+	// before moving it back to plaintext: set Accept, move your applications to plaintext, then
+	// mode Disabled.
 	//
 	// +optional
 	// +kubebuilder:default=Refuse

@@ -105,3 +105,74 @@ func TestAQuotaAnEarlierReleaseAdmitted(t *testing.T) {
 		})
 	}
 }
+
+// TestTLSModeChanges: a running cluster moves from plaintext to TLS and back (from your Secrets
+// only keeping their names, which the members use until they stop using TLS); not between the
+// two kinds of TLS.
+func TestTLSModeChanges(t *testing.T) {
+	rules := crdRules(t)
+	cluster := func(tls *kvv1.TLSSpec) *kvv1.KVCluster {
+		k := &kvv1.KVCluster{}
+		k.APIVersion, k.Kind, k.Name = "kvcluster.io/v1alpha1", "KVCluster", "kv"
+		k.Spec.Version, k.Spec.Partitions, k.Spec.TLS = "3.7.3", 3, tls
+		return k
+	}
+	operator := &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	secrets := &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c"}
+	yours := &kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: secrets}
+	disabled := &kvv1.TLSSpec{Mode: kvv1.TLSDisabled}
+	tests := []struct {
+		name     string
+		old, obj *kvv1.TLSSpec
+		refused  bool
+	}{
+		{name: "plaintext to Operator", old: disabled, obj: operator},
+		{name: "unset to Secrets", old: nil, obj: yours},
+		{name: "Operator back to plaintext", old: operator, obj: disabled},
+		{name: "Operator with plaintext clients accepted back to unset", old: &kvv1.TLSSpec{Mode: kvv1.TLSOperator, PlaintextClients: kvv1.PlaintextClientsAccept}, obj: nil},
+		{name: "Operator to Secrets", old: operator, obj: yours, refused: true},
+		{name: "Secrets to Operator", old: yours, obj: operator, refused: true},
+		{name: "Secrets back to plaintext keeping their names", old: yours, obj: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: secrets}},
+		{name: "Secrets back to plaintext without their names", old: yours, obj: disabled, refused: true},
+		{name: "Secrets back to plaintext renaming one", old: yours, obj: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: &kvv1.TLSSecretNames{Server: "s", Peer: "p2", Client: "c"}}, refused: true},
+		{name: "Secrets to unset", old: yours, obj: nil, refused: true},
+		{name: "back in plaintext, the names dropped", old: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: secrets}, obj: nil},
+		{name: "Secrets renamed", old: yours, obj: &kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "s2", Peer: "p", Client: "c"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			errs := rules(cluster(tt.obj), cluster(tt.old))
+			refused := strings.Contains(fmt.Sprint(errs), "tls.mode can change only")
+			if refused != tt.refused || len(errs) > 0 && !refused {
+				t.Errorf("errors %v, want the change refused: %t", errs, tt.refused)
+			}
+		})
+	}
+}
+
+// TestTLSSecretsAndModes: your Secrets' names are required with mode Secrets, allowed with mode
+// Disabled (kept while a cluster moves back from mode Secrets) and refused with mode Operator.
+func TestTLSSecretsAndModes(t *testing.T) {
+	rules := crdRules(t)
+	secrets := &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c"}
+	tests := []struct {
+		tls     kvv1.TLSSpec
+		refused string
+	}{
+		{tls: kvv1.TLSSpec{Mode: kvv1.TLSSecrets}, refused: "tls.secrets is required with mode Secrets"},
+		{tls: kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: secrets}},
+		{tls: kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: secrets}},
+		{tls: kvv1.TLSSpec{Mode: kvv1.TLSOperator, Secrets: secrets}, refused: "tls.secrets is for mode Secrets"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s with names %t", tt.tls.Mode, tt.tls.Secrets != nil), func(t *testing.T) {
+			k := &kvv1.KVCluster{}
+			k.APIVersion, k.Kind, k.Name = "kvcluster.io/v1alpha1", "KVCluster", "kv"
+			k.Spec.Version, k.Spec.Partitions, k.Spec.TLS = "3.7.3", 3, &tt.tls
+			errs := fmt.Sprint(rules(k, nil))
+			if tt.refused == "" && errs != "[]" || tt.refused != "" && !strings.Contains(errs, tt.refused) {
+				t.Errorf("errors %s, want %q", errs, tt.refused)
+			}
+		})
+	}
+}

@@ -232,13 +232,13 @@ func (o Observation) ClientURLs(kvc *kvv1.KVCluster) []string {
 	return urls
 }
 
-// ClientScheme is how the operator, backup Jobs and applications reach the members now: https
-// once every member pod, and the StatefulSet's template (which pods that are gone come back on),
-// accepts it and the spec wants TLS; else http while they all accept that; the spec's scheme
-// before there are any. A cluster moving to TLS accepts both on the way.
+// ClientScheme is how the operator, backup Jobs and applications reach the members now: the
+// scheme the spec wants once every member pod, and the StatefulSet's template (which pods that
+// are gone come back on), accepts it; else the other one while they all accept that (a cluster
+// moving between plaintext and TLS accepts both on the way); the spec's before there are any.
 func (o Observation) ClientScheme(kvc *kvv1.KVCluster) string {
 	desired := specs.DesiredTransport(kvc)
-	tls, plain := desired.ClientTLS, true
+	tls, plain := true, true
 	accept := func(t *specs.Transport) {
 		if t != nil { // a pod whose flags are unknown decides nothing
 			tls, plain = tls && t.ClientTLS, plain && t.ClientPlain
@@ -249,7 +249,7 @@ func (o Observation) ClientScheme(kvc *kvv1.KVCluster) string {
 		accept(p.Transport)
 	}
 	switch {
-	case tls:
+	case tls && (desired.ClientTLS || !plain):
 		return "https"
 	case plain:
 		return "http"

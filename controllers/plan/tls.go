@@ -63,8 +63,20 @@ func tlsParts(kvc *kvv1.KVCluster) []TLSPart {
 // renews what is due; in mode Secrets it checks the given Secrets fit (the keys, the CA, the
 // names every member and client use, the usage, the dates). The CA is never replaced on a
 // cluster that formed: members load it once, at start, and a new one would cut them off.
+//
+// A cluster moving back to plaintext is issued nothing, but its members use their certificates
+// until the last roll: without their Secrets, a restarted member would never start.
 func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 	if !specs.TLSEnabled(kvc) {
+		if !obs.UsesTLS() {
+			return TLS{}
+		}
+		for _, p := range tlsParts(kvc) {
+			if _, ok := obs.TLS[p.Part]; !ok {
+				return TLS{Problem: fmt.Sprintf("the members use TLS until they have moved back to plaintext, and Secret %s (%s certificate) does not exist: "+
+					"restore it, or (from mode Secrets) name your Secrets in tls.secrets again until the move is done", specs.TLSSecretName(kvc, p.Part), p.Part)}
+			}
+		}
 		return TLS{}
 	}
 	if kvc.Spec.TLS.Mode == kvv1.TLSSecrets {
@@ -85,7 +97,7 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 	_, caErr := certs.ParseCA(ca[corev1.TLSCertKey], ca[corev1.TLSPrivateKeyKey])
 	switch {
 	case hasCA && caErr == nil:
-	case bootstrapped(kvc, obs) && membersMayTrustACA(obs):
+	case bootstrapped(kvc, obs) && obs.MayUseTLS():
 		what := "is missing"
 		if hasCA {
 			what = "is not a usable CA (" + caErr.Error() + ")"

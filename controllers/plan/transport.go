@@ -11,32 +11,41 @@ import (
 )
 
 // templateTransport is how the members' template makes them listen: as the spec wants, except
-// while a plaintext cluster moves to TLS, in two rolls (members restart one at a time in each):
-//  1. members get their peer certificate, peers still on plaintext, and a client port that
-//     accepts both schemes, so every client keeps a scheme all members accept;
-//  2. once every member runs so and is ready, peers move to https (each member's peer URL changes
-//     as it comes back: planPeerURLs) and the client port becomes the spec's.
+// while a running cluster moves between plaintext and TLS. Either way goes in two rolls (members
+// restart one at a time in each) through the same step, Moving: every member has its peer
+// certificate, peers are on plaintext, the client port accepts both schemes (so every client
+// keeps a scheme all members accept). Once every member runs so and is ready:
+//   - to TLS, peers move to https (each member's peer URL changes as it comes back:
+//     planPeerURLs) and the client port becomes the spec's;
+//   - back to plaintext (peers came back to http in the first roll), the certificates go.
 //
-// Every member has its peer certificate before any listens on https: a leader without one cannot
+// Every member has its peer certificate while any listens on https: a leader without one cannot
 // send a snapshot to a member that fell behind, which then never catches up. The second step is
 // taken once and kept (the template says it was taken), so the template never goes back.
 func templateTransport(kvc *kvv1.KVCluster, obs Observation) specs.Transport {
-	desired := specs.DesiredTransport(kvc)
-	if !desired.PeerTLS || obs.STSTransport == nil || obs.STSTransport.PeerTLS || prepared(obs) {
-		return desired
+	desired, template := specs.DesiredTransport(kvc), obs.STSTransport
+	switch {
+	case template == nil || *template == desired:
+	case desired.PeerTLS && template.PeerTLS: // peers are on TLS; only the client port changes
+	case !desired.UsesTLS() && !template.UsesTLS():
+	case *template == Moving && prepared(obs):
+	default:
+		return Moving
 	}
-	return specs.Transport{PeerCerts: true, ClientTLS: true, ClientPlain: true}
+	return desired
 }
 
-// prepared: every member pod the StatefulSet runs is there, ready, on its template, with its peer
-// certificate and a client port that accepts TLS.
+// Moving is how members listen on the way between plaintext and TLS (templateTransport).
+var Moving = specs.Transport{PeerCerts: true, ClientTLS: true, ClientPlain: true}
+
+// prepared: every member pod the StatefulSet runs is there, ready, on its template, Moving.
 func prepared(obs Observation) bool {
-	if obs.STSReplicas == nil || !obs.STSSettled || !obs.STSTransport.PeerCerts {
+	if obs.STSReplicas == nil || !obs.STSSettled {
 		return false
 	}
 	for ord := range int(*obs.STSReplicas) {
 		p, ok := obs.Pods[ord]
-		if !ok || p.Transport == nil || !p.Transport.PeerCerts || !p.Transport.ClientTLS || !p.Ready || p.Terminating || p.Outdated {
+		if !ok || p.Transport == nil || *p.Transport != Moving || !p.Ready || p.Terminating || p.Outdated {
 			return false
 		}
 	}
@@ -66,16 +75,29 @@ func planPeerURLs(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	return Rollout{}, false
 }
 
-// membersMayTrustACA: some member may run with TLS, so trusts the CA it started with: a pod with
-// its certificates, or the template pods come back on (a pod whose flags are unknown may; with
-// no template, nor may anything be told). A cluster that only ever ran plaintext can be given its
-// first CA.
-func membersMayTrustACA(obs Observation) bool {
-	if obs.STSTransport == nil || obs.STSTransport.UsesTLS() {
+// UsesTLS: the template pods come back on, or a member pod, listens with TLS, so needs its
+// certificates (a cluster moving back to plaintext still does).
+func (o Observation) UsesTLS() bool {
+	if o.STSTransport != nil && o.STSTransport.UsesTLS() {
 		return true
 	}
-	for _, p := range obs.Pods {
-		if p.Transport == nil || p.Transport.UsesTLS() {
+	for _, p := range o.Pods {
+		if p.Transport != nil && p.Transport.UsesTLS() {
+			return true
+		}
+	}
+	return false
+}
+
+// MayUseTLS: some member may run with TLS, so trusts the CA it started with: UsesTLS, or not
+// known (a pod whose flags are unknown may; with no template, nor may anything be told). A
+// cluster that only ever ran plaintext can be given its first CA.
+func (o Observation) MayUseTLS() bool {
+	if o.STSTransport == nil || o.UsesTLS() {
+		return true
+	}
+	for _, p := range o.Pods {
+		if p.Transport == nil {
 			return true
 		}
 	}

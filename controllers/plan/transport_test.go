@@ -36,6 +36,16 @@ func movingToTLS(clients kvv1.PlaintextClients) *scenario {
 	return s
 }
 
+// movingToPlaintext is a formed TLS cluster (listening as t) whose spec now asks for plaintext.
+func movingToPlaintext(t specs.Transport) *scenario {
+	s := formed(3, "3.7.3").listening(t)
+	for ord := range 3 {
+		s.member(ord).PeerURLs = []string{fmt.Sprintf("https://kv-%d.kv-peer.ns.svc:2380", ord)}
+	}
+	s.kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled}
+	return s
+}
+
 func (s *scenario) pod(ord int, change func(p *Pod)) *scenario {
 	p := s.obs.Pods[ord]
 	change(&p)
@@ -43,7 +53,7 @@ func (s *scenario) pod(ord int, change func(p *Pod)) *scenario {
 	return s
 }
 
-// TestMovingToTLS plays a running plaintext cluster's move to TLS step by step, acting as the
+// TestMovingToTLSAndBack plays a running cluster's move to TLS, or back, step by step, acting as the
 // operator, the StatefulSet controller and the kubelet would: the template is applied; a deleted
 // pod terminates, is gone, comes back on the template of the moment not ready, then ready; a peer
 // URL change is applied; leadership moves. At every step it checks what a user relies on:
@@ -54,20 +64,25 @@ func (s *scenario) pod(ord int, change func(p *Pod)) *scenario {
 //   - no member listens for peers on https while another has no peer certificate (as leader,
 //     that one could not send it a snapshot);
 //   - the template never goes back (a member would restart again and again).
-func TestMovingToTLS(t *testing.T) {
+func TestMovingToTLSAndBack(t *testing.T) {
 	tests := []struct {
-		name      string
-		clients   kvv1.PlaintextClients
-		wantRolls []specs.Transport
+		name       string
+		s          *scenario
+		wantRolls  []specs.Transport
+		wantScheme string
 	}{
-		{name: "clients refused in plaintext: certificates and both client schemes first, then TLS only",
-			wantRolls: []specs.Transport{preparing, tlsOnly}},
-		{name: "plaintext clients accepted: certificates first, then peers on TLS", clients: kvv1.PlaintextClientsAccept,
-			wantRolls: []specs.Transport{preparing, both}},
+		{name: "to TLS, clients refused in plaintext: certificates and both client schemes first, then TLS only",
+			s: movingToTLS(""), wantRolls: []specs.Transport{preparing, tlsOnly}, wantScheme: "https"},
+		{name: "to TLS, plaintext clients accepted: certificates first, then peers on TLS",
+			s: movingToTLS(kvv1.PlaintextClientsAccept), wantRolls: []specs.Transport{preparing, both}, wantScheme: "https"},
+		{name: "back from TLS only: peers on plaintext and both client schemes first, then no certificates",
+			s: movingToPlaintext(tlsOnly), wantRolls: []specs.Transport{preparing, plaintext}, wantScheme: "http"},
+		{name: "back from TLS with plaintext clients accepted: peers on plaintext first, then no certificates",
+			s: movingToPlaintext(both), wantRolls: []specs.Transport{preparing, plaintext}, wantScheme: "http"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := movingToTLS(tt.clients)
+			s := tt.s
 			var rolls, steps []string
 			restarting := map[int]int{} // ordinal → passes since its deletion
 			fail := func(format string, args ...any) {
@@ -149,8 +164,8 @@ func TestMovingToTLS(t *testing.T) {
 			if !slices.Equal(rolls, want) {
 				t.Errorf("templates %v, want %v", rolls, want)
 			}
-			if got := s.obs.ClientScheme(s.kvc); got != "https" {
-				t.Errorf("clients use %s at the end, want https", got)
+			if got := s.obs.ClientScheme(s.kvc); got != tt.wantScheme {
+				t.Errorf("clients use %s at the end, want %s", got, tt.wantScheme)
 			}
 			for ord := range 3 {
 				if got, want := s.member(ord).PeerURLs, specs.MemberPeerURL(s.kvc, ord); !slices.Equal(got, []string{want}) {
@@ -185,6 +200,13 @@ func TestTemplateTransport(t *testing.T) {
 				s.obs.STSTransport = &tlsOnly
 				delete(s.obs.Pods, 2)
 			}).pod(1, func(p *Pod) { p.Ready = false }), tlsOnly},
+		{"moving back: peers on plaintext first, certificates kept", movingToPlaintext(tlsOnly), preparing},
+		{"moving back, every member prepared and ready: certificates go", movingToPlaintext(tlsOnly).listening(preparing), plaintext},
+		{"moving back, one not ready: wait", movingToPlaintext(tlsOnly).listening(preparing).pod(2, func(p *Pod) { p.Ready = false }), preparing},
+		{"moving back, one still on TLS peers: wait", movingToPlaintext(tlsOnly).listening(preparing).pod(0, func(p *Pod) { p.Transport = &tlsOnly }), preparing},
+		{"back to plaintext half-way to TLS: the step done, certificates go", movingToTLS("").listening(preparing).with(func(s *scenario) {
+			s.kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled}
+		}), plaintext},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -222,6 +244,10 @@ func TestClientScheme(t *testing.T) {
 		{"moving to TLS: every member accepts both", tlsCluster(), obs(&preparing, preparing, preparing), "https"},
 		{"moving to TLS: plaintext dropped on some", tlsCluster(), obs(&tlsOnly, preparing, tlsOnly), "https"},
 		{"moving to TLS: pods gone come back on a template accepting both", tlsCluster(), obs(&preparing), "https"},
+		{"moving back: the members refuse plaintext yet", kvcIn(kvv1.PhaseReady, 0), obs(&preparing, tlsOnly, tlsOnly), "https"},
+		{"moving back: a member accepts both", kvcIn(kvv1.PhaseReady, 0), obs(&preparing, preparing, tlsOnly), "https"},
+		{"moving back: every member accepts both", kvcIn(kvv1.PhaseReady, 0), obs(&preparing, preparing, preparing), "http"},
+		{"moving back: the certificates gone on some", kvcIn(kvv1.PhaseReady, 0), obs(&plaintext, preparing, plaintext), "http"},
 		{"a pod whose flags are unknown decides nothing", tlsCluster(), Observation{STSTransport: &preparing, Pods: map[int]Pod{0: {}, 1: {Transport: &plaintext}}}, "http"},
 	}
 	for _, tt := range tests {

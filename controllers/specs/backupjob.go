@@ -42,7 +42,7 @@ type BackupRun struct {
 	// Annotations of the Job, e.g. whether writes were fenced before a final backup.
 	Annotations map[string]string
 	// ClientScheme is how the Job reaches the members (http or https): what every member accepts
-	// now, which differs from the spec's while a cluster moves to TLS; the spec's when empty.
+	// now, which differs from the spec's while a cluster moves to or from TLS; the spec's when empty.
 	ClientScheme string
 }
 

@@ -35,10 +35,10 @@ func TLSEnabled(kvc *kvv1.KVCluster) bool {
 }
 
 // TLSSecretName is the Secret holding a part of the cluster's TLS: the operator's own
-// (<name>-tls-<part>) or, in mode Secrets, the one the spec names. The CA has a Secret only in
-// mode Operator.
+// (<name>-tls-<part>) or the one the spec names (mode Secrets, or Disabled while the members move
+// back from it). The CA has a Secret only in mode Operator.
 func TLSSecretName(kvc *kvv1.KVCluster, part string) string {
-	if t := kvc.Spec.TLS; t != nil && t.Mode == kvv1.TLSSecrets && t.Secrets != nil {
+	if t := kvc.Spec.TLS; t != nil && t.Mode != kvv1.TLSOperator && t.Secrets != nil {
 		switch part {
 		case TLSServer:
 			return t.Secrets.Server

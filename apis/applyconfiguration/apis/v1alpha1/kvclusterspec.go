@@ -38,7 +38,8 @@ type KVClusterSpecApplyConfiguration struct {
 	// TLS secures the members' client and peer traffic with mutual TLS: every client (the operator,
 	// backup Jobs, applications) presents a certificate from the cluster's CA, and members
 	// authenticate each other. Unset: plaintext to the operator, but the admission policy that
-	// deploy/default installs gives new clusters mode Operator. Only plaintext → TLS may change.
+	// deploy/default installs gives new clusters mode Operator. A running cluster may move from
+	// plaintext to TLS and back (see the README's TLS).
 	TLS *TLSSpecApplyConfiguration `json:"tls,omitempty"`
 	// NetworkPolicy makes the operator keep a NetworkPolicy (<name>-members) admitting to the
 	// members only what they need: the peer port from the other members; the client port from the

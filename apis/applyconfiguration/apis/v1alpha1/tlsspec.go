@@ -16,11 +16,14 @@ type TLSSpecApplyConfiguration struct {
 	Mode *apisv1alpha1.TLSMode `json:"mode,omitempty"`
 	// Secrets names the Secrets holding tls.crt, tls.key and ca.crt (mode Secrets): server for the
 	// members' client port, peer between members (its certificate must allow both server and
-	// client authentication), client for the operator and backup Jobs.
+	// client authentication), client for the operator and backup Jobs. Kept with mode Disabled,
+	// members moving back to plaintext use them until they no longer need certificates.
 	Secrets *TLSSecretNamesApplyConfiguration `json:"secrets,omitempty"`
 	// PlaintextClients says whether the members' client port also accepts plaintext clients:
 	// Refuse (the default) or Accept. Accept is for moving a running cluster to TLS: the members
-	// move to TLS and accept both until you set Refuse, once your applications use TLS.
+	// move to TLS and accept both until you set Refuse, once your applications use TLS; and
+	// before moving it back to plaintext: set Accept, move your applications to plaintext, then
+	// mode Disabled.
 	PlaintextClients *apisv1alpha1.PlaintextClients `json:"plaintextClients,omitempty"`
 }
 
