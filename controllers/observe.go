@@ -49,6 +49,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		if t, ok := specs.PodTransport(sts.Spec.Template.Spec); ok {
 			obs.STSTransport = &t
 		}
+		obs.STSTLSSecrets = specs.PodTLSSecrets(sts.Spec.Template.Spec)
 		obs.STSQuota, _ = specs.PodQuota(sts.Spec.Template.Spec)
 	case !apierrors.IsNotFound(err):
 		return obs, nil, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)

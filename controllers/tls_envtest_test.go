@@ -130,8 +130,8 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	acceptWithout.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, PlaintextClients: kvv1.PlaintextClientsAccept}
 	checkAdmission(t, h.client.Create(ctx, acceptWithout), "plaintextClients: Accept needs TLS")
 
-	// A running plaintext cluster may move to TLS, and back from mode Operator; between the modes,
-	// or back from mode Secrets, is refused (every case: apis/v1alpha1's TestTLSModeChanges).
+	// A running plaintext cluster may move to TLS and back; between the modes is refused (every
+	// case: apis/v1alpha1's TestTLSModeChanges).
 	plain := newKVCluster(ns, "plain", 1)
 	h.create(plain)
 	p := h.fresh(plain)
@@ -219,8 +219,8 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	}
 
 	// Back to plaintext, keeping the Secrets' names: the members move through both schemes with
-	// their certificates. Dropping the names before the move is done stops it, naming what is
-	// missing, and the template keeps the Secrets the members use.
+	// their certificates. Dropping the names before the move is done stops it, naming the Secrets
+	// the members use, and the template keeps them.
 	back := h.fresh(kvc)
 	back.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: kvc.Spec.TLS.Secrets}
 	if err := h.client.Update(ctx, back); err != nil {
@@ -254,8 +254,8 @@ func TestTLSAdmissionAndYourSecrets(t *testing.T) {
 	}
 	h.reconcile(kvc)
 	if c := meta.FindStatusCondition(h.fresh(kvc).Status.Conditions, kvv1.ConditionStalled); c == nil || c.Reason != plan.ReasonTLSInvalid ||
-		!strings.Contains(c.Message, "kv-tls-server (server certificate) does not exist") {
-		t.Errorf("Stalled = %+v, want the move stopped naming the Secret the members need", c)
+		!strings.Contains(c.Message, "with the peer certificate of Secret etcd-peer, and the spec now names Secret kv-tls-peer") {
+		t.Errorf("Stalled = %+v, want the move stopped naming the Secrets the members use", c)
 	}
 	if got := moving(); got != want {
 		t.Errorf("without the Secrets' names, members listen and mount %q, want it unchanged: %q", got, want)

@@ -137,12 +137,15 @@ func TestTLSModeChanges(t *testing.T) {
 		{name: "Secrets back to plaintext renaming one", old: yours, obj: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: &kvv1.TLSSecretNames{Server: "s", Peer: "p2", Client: "c"}}, refused: true},
 		{name: "Secrets to unset", old: yours, obj: nil, refused: true},
 		{name: "back in plaintext, the names dropped", old: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: secrets}, obj: nil},
+		{name: "Operator back to plaintext naming Secrets", old: operator, obj: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: secrets}, refused: true},
+		{name: "moving back from Secrets, a name changed", old: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: secrets},
+			obj: &kvv1.TLSSpec{Mode: kvv1.TLSDisabled, Secrets: &kvv1.TLSSecretNames{Server: "s", Peer: "p", Client: "c2"}}, refused: true},
 		{name: "Secrets renamed", old: yours, obj: &kvv1.TLSSpec{Mode: kvv1.TLSSecrets, Secrets: &kvv1.TLSSecretNames{Server: "s2", Peer: "p", Client: "c"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			errs := rules(cluster(tt.obj), cluster(tt.old))
-			refused := strings.Contains(fmt.Sprint(errs), "tls.mode can change only")
+			refused := strings.Contains(fmt.Sprint(errs), "tls.mode can change only") || strings.Contains(fmt.Sprint(errs), "tls.secrets can only stay")
 			if refused != tt.refused || len(errs) > 0 && !refused {
 				t.Errorf("errors %v, want the change refused: %t", errs, tt.refused)
 			}

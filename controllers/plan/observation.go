@@ -50,6 +50,8 @@ type Observation struct {
 	// STSTransport is how its template makes members listen (nil before it exists): pods made
 	// from now on listen so.
 	STSTransport *specs.Transport
+	// STSTLSSecrets are the Secrets its template mounts, by part (server, peer).
+	STSTLSSecrets map[string]string
 	// Membership is what the membership ConfigMap says now (nil before it exists).
 	Membership *specs.Membership
 

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -65,11 +67,20 @@ func tlsParts(kvc *kvv1.KVCluster) []TLSPart {
 // cluster that formed: members load it once, at start, and a new one would cut them off.
 //
 // A cluster moving back to plaintext is issued nothing, but its members use their certificates
-// until the last roll: without their Secrets, a restarted member would never start.
+// until the last roll: without their Secrets, a restarted member would never start. While
+// members move either way, they keep the Secrets they started the move with.
 func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
+	if obs.STSTransport != nil && *obs.STSTransport == Moving {
+		for _, part := range slices.Sorted(maps.Keys(obs.STSTLSSecrets)) {
+			if mounted, named := obs.STSTLSSecrets[part], specs.TLSSecretName(kvc, part); mounted != named {
+				return TLS{Problem: fmt.Sprintf("the members are moving between plaintext and TLS with the %s certificate of Secret %s, and the spec now names Secret %s: "+
+					"name %s again until the move is done (members given certificates of another CA mid-way would be cut off from each other)", part, mounted, named, mounted)}
+			}
+		}
+	}
 	if !specs.TLSEnabled(kvc) {
-		if !obs.UsesTLS() {
-			return TLS{}
+		if obs.STSTransport == nil || !obs.STSTransport.UsesTLS() {
+			return TLS{} // members restarted from now on need no certificates
 		}
 		for _, p := range tlsParts(kvc) {
 			if _, ok := obs.TLS[p.Part]; !ok {

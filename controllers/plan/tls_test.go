@@ -40,6 +40,13 @@ func withTLS(mode kvv1.TLSMode) *kvv1.KVCluster {
 	return kvc
 }
 
+// withTLSSecretsDisabled is a plaintext cluster whose spec still names Secrets (of mode Secrets).
+func withTLSSecretsDisabled() *kvv1.KVCluster {
+	k := withTLS(kvv1.TLSSecrets)
+	k.Spec.TLS.Mode = kvv1.TLSDisabled
+	return k
+}
+
 func TestPlanTLS(t *testing.T) {
 	operator := withTLS(kvv1.TLSOperator)
 	formedOp := withTLS(kvv1.TLSOperator)
@@ -78,6 +85,7 @@ func TestPlanTLS(t *testing.T) {
 		secrets     map[string]map[string][]byte
 		pods        map[int]Pod
 		template    *specs.Transport
+		mounted     map[string]string // the Secrets the template mounts, by part
 		now         time.Time
 		wantIssue   string // the parts issued, in order
 		wantProblem string // words of the problem, or ""
@@ -102,7 +110,12 @@ func TestPlanTLS(t *testing.T) {
 		{name: "moving back to plaintext: nothing is issued", kvc: kvcIn("", 0), secrets: valid, pods: map[int]Pod{0: {Transport: &tlsOnly}}, template: &preparing, now: t0},
 		{name: "moving back to plaintext without a Secret the members use", kvc: kvcIn("", 0), secrets: without(specs.TLSServer), pods: map[int]Pod{0: {Transport: &tlsOnly}},
 			template: &preparing, now: t0, wantProblem: "Secret kv-tls-server (server certificate) does not exist"},
-		{name: "back in plaintext: the Secrets are not needed", kvc: kvcIn("", 0), pods: map[int]Pod{0: {Transport: &plaintext}}, template: &plaintext, now: t0},
+		{name: "back in plaintext: the Secrets are not needed", kvc: kvcIn("", 0), pods: map[int]Pod{0: {Transport: &preparing}}, template: &plaintext, now: t0},
+		{name: "moving with the Secrets the move started with", kvc: kvcIn("", 0), secrets: valid, pods: map[int]Pod{0: {Transport: &tlsOnly}}, template: &preparing,
+			mounted: map[string]string{specs.TLSServer: "kv-tls-server", specs.TLSPeer: "kv-tls-peer"}, now: t0},
+		{name: "moving, the spec names other Secrets", kvc: withTLSSecretsDisabled(), secrets: valid, pods: map[int]Pod{0: {Transport: &tlsOnly}}, template: &preparing,
+			mounted: map[string]string{specs.TLSServer: "kv-tls-server", specs.TLSPeer: "kv-tls-peer"}, now: t0,
+			wantProblem: "peer certificate of Secret kv-tls-peer, and the spec now names Secret etcd-peer"},
 		{name: "your Secrets fit", kvc: secrets, secrets: given, now: t0.Add(time.Hour), wantTrust: true},
 		{name: "your Secret is missing", kvc: secrets, secrets: map[string]map[string][]byte{specs.TLSServer: given[specs.TLSServer]}, now: t0.Add(time.Hour),
 			wantProblem: "Secret etcd-peer (peer certificate) does not exist"},
@@ -112,7 +125,7 @@ func TestPlanTLS(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := planTLS(tt.kvc, Observation{TLS: tt.secrets, Pods: tt.pods, STSTransport: tt.template}, tt.now)
+			got := planTLS(tt.kvc, Observation{TLS: tt.secrets, Pods: tt.pods, STSTransport: tt.template, STSTLSSecrets: tt.mounted}, tt.now)
 			var issued []string
 			for _, p := range got.Parts {
 				if p.Issue {

@@ -2,6 +2,7 @@ package specs
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -92,6 +93,21 @@ func TLSSecret(kvc *kvv1.KVCluster, part string, data map[string][]byte, guard t
 
 // TLSPartLabel says which part of a cluster's TLS an operator-issued Secret holds.
 const TLSPartLabel = "kvcluster.io/tls"
+
+// PodTLSSecrets are the Secrets a member pod (or a pod template) mounts for its certificates, by
+// part; nil when it mounts none.
+func PodTLSSecrets(pod corev1.PodSpec) map[string]string {
+	var out map[string]string
+	for _, v := range pod.Volumes {
+		if part, ok := strings.CutPrefix(v.Name, "tls-"); ok && v.Secret != nil {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[part] = v.Secret.SecretName
+		}
+	}
+	return out
+}
 
 // tlsVolume mounts a part's Secret (read-only, owner-readable by the pod's group: Secret volumes
 // are updated in place when it is renewed; etcd reads certificate files on every handshake).
