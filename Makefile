@@ -103,6 +103,19 @@ test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd
 	KVC_REQUIRE_TEST_BINARIES=1 KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
 	  go test $(GO_TEST_FLAGS) ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=10s
+
+# Go fuzz targets (package:target). Each one's seed corpus (f.Add, and testdata/fuzz/<target>/,
+# where a fuzzing run writes any input that fails) runs in every `go test`.
+FUZZ_TARGETS = ./apis/v1alpha1:FuzzAdmittedClustersMakeValidObjects ./backup:FuzzSchedule
+FUZZTIME ?= 2m
+
+.PHONY: fuzz
+fuzz: ## fuzz each target for FUZZTIME (default 2m; make test fuzzes 10s each); a failing input is kept in testdata/fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "fuzzing $${t#*:} for $(FUZZTIME)"; \
+	  go test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
+	done
 
 .PHONY: bench
 bench: ## memory and speed of streaming backups into each store (B/op must not grow with the size)

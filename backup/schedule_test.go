@@ -114,3 +114,47 @@ func TestJobNameIsDeterministicAndFitsALabel(t *testing.T) {
 		t.Errorf("%s is %d characters, more than a label value allows", longest, len(longest))
 	}
 }
+
+// FuzzSchedule: no schedule string or time zone makes Parse panic (robfig/cron panics on some),
+// and for every schedule it accepts, the slot arithmetic the backups rely on holds: the next slot
+// is after now; the most recent slot lies in (after, now], within the starting deadline, is a
+// slot of the schedule, and no slot comes between it and now.
+func FuzzSchedule(f *testing.F) {
+	f.Add("0 3 * * *", "", int64(0), uint16(60*24), uint32(0))
+	f.Add("*/5 * * * *", "Europe/Berlin", int64(86400*180), uint16(90), uint32(600))
+	f.Add("30 2 * * *", "America/New_York", int64(86400*68), uint16(60*48), uint32(3600)) // a DST change
+	f.Add("CRON_TZ=Asia/Kolkata 0 0 29 2 *", "", int64(0), uint16(1), uint32(0))
+	f.Add("TZ=0", "", int64(0), uint16(0), uint32(0))
+	f.Add("@weekly", "", int64(0), uint16(10000), uint32(86400))
+	base := at("2026-01-01T00:00:00Z")
+	f.Fuzz(func(t *testing.T, expr, tz string, offset int64, afterMinutes uint16, deadlineSeconds uint32) {
+		// Within about ten years of 2026, and "after" at most a week back (the work of counting
+		// slots grows with the distance).
+		now := base.Add(time.Duration(offset%(10*365*86400)) * time.Second)
+		after := now.Add(-time.Duration(afterMinutes%(7*24*60)) * time.Minute)
+		deadline := time.Duration(deadlineSeconds%(7*86400)) * time.Second
+		s, err := Parse(expr, tz, now)
+		if err != nil {
+			return
+		}
+		if next := s.Next(now); !next.After(now) {
+			t.Fatalf("%q in %q: next slot after %s is %s", expr, tz, now, next)
+		}
+		slot, skipped := s.MostRecentSlot(after, now, deadline)
+		if skipped < 0 {
+			t.Errorf("%q in %q: %d slots skipped", expr, tz, skipped)
+		}
+		if slot.IsZero() {
+			return
+		}
+		if !slot.After(after) || slot.After(now) || deadline > 0 && slot.Before(now.Add(-deadline)) {
+			t.Errorf("%q in %q: most recent slot %s outside (%s, %s] or before the deadline %s", expr, tz, slot, after, now, deadline)
+		}
+		if got := s.Next(slot.Add(-time.Second)); !got.Equal(slot) {
+			t.Errorf("%q in %q: most recent slot %s is not a slot of the schedule (the one there is %s)", expr, tz, slot, got)
+		}
+		if next := s.Next(slot); !next.After(now) {
+			t.Errorf("%q in %q: slot %s comes between the most recent %s and now %s", expr, tz, next, slot, now)
+		}
+	})
+}

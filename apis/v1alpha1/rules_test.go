@@ -2,10 +2,12 @@ package v1alpha1_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -13,17 +15,19 @@ import (
 	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"sigs.k8s.io/yaml"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/backup"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 // crdRules evaluates the CRD's validation rules as the API server does, outside of it: for the
 // objects an API server cannot be given any more, those an earlier release admitted.
-func crdRules(t *testing.T) func(obj, old *kvv1.KVCluster) field.ErrorList {
+func crdRules(t testing.TB) func(obj, old *kvv1.KVCluster) field.ErrorList {
 	t.Helper()
 	data, err := os.ReadFile("../../deploy/crd/kvcluster.io_kvclusters.yaml")
 	if err != nil {
@@ -178,4 +182,98 @@ func TestTLSSecretsAndModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzAdmittedClustersMakeValidObjects: whatever KVCluster the API server admits (a name and
+// namespace it accepts for any object, and the CRD's rules), every object the operator makes for
+// it has a valid name for its kind and valid labels, so no cluster is admitted that the operator
+// then cannot build (the Service names are DNS labels; the pods', with the StatefulSet's
+// revision hash or a backup slot appended to the name, are label values of at most 63).
+func FuzzAdmittedClustersMakeValidObjects(f *testing.F) {
+	rules := crdRules(f)
+	f.Add("kv", "default", uint8(3), true)
+	f.Add(strings.Repeat("k", 52), strings.Repeat("n", 63), uint8(8), false)
+	f.Add("ledger-2", "kvc-move-tls-c49", uint8(0), true)
+	f.Fuzz(func(t *testing.T, name, namespace string, partitions uint8, tls bool) {
+		if len(validation.IsDNS1123Subdomain(name)) > 0 || len(validation.IsDNS1123Label(namespace)) > 0 {
+			return // the API server refuses these for any object
+		}
+		kvc := &kvv1.KVCluster{}
+		kvc.APIVersion, kvc.Kind, kvc.Name, kvc.Namespace, kvc.UID = "kvcluster.io/v1alpha1", "KVCluster", name, namespace, "uid"
+		kvc.Spec.Version, kvc.Spec.Partitions = "3.7.3", int32(partitions%specs.MaxMembers)+1
+		kvc.Spec.Backup = &kvv1.BackupSpec{S3: &kvv1.S3Destination{Endpoint: "s3.example:9000", Bucket: "b", CredentialsSecret: "s3"}}
+		kvc.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: kvv1.NetworkPolicyManaged}
+		kvc.Spec.Deregistration = &kvv1.DeregistrationSpec{HTTP: &kvv1.HTTPDeregistration{URL: "https://registry.example/kv", Method: "DELETE"}, TimeoutSeconds: 300}
+		if tls {
+			kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+		}
+		if len(rules(kvc, nil)) > 0 {
+			return // refused at admission: what the rules are for
+		}
+		// The latest slot a backup Job is named after for a while: Unix minutes have 8 digits
+		// until 2160.
+		slot := time.Date(2159, 12, 31, 23, 59, 0, 0, time.UTC)
+		now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+		objects := map[string]any{
+			"StatefulSet":  specs.StatefulSet(kvc, specs.MemberSet{Replicas: kvc.Spec.Partitions, Images: specs.Images{Operator: "op:1"}}),
+			"Service/peer": specs.PeerService(kvc, ""), "Service/client": specs.ClientService(kvc, time.Time{}),
+			"PodDisruptionBudget":   specs.PodDisruptionBudget(kvc, kvc.Spec.Partitions),
+			"NetworkPolicy":         specs.NetworkPolicy(kvc, specs.OperatorPods{Namespace: "kvcluster-system", Labels: map[string]string{"app": "op"}}, ""),
+			"ConfigMap/members":     specs.MembershipConfigMap(kvc, specs.NewClusterMembership(kvc), ""),
+			"ConfigMap/guard":       specs.Guard(kvc),
+			"Secret/tls":            specs.TLSSecret(kvc, specs.TLSServer, nil, ""),
+			"Job/backup":            specs.BackupJob(kvc, specs.ScheduledBackupRun(kvc, backup.JobName(kvc.Name, slot)), "op:1"),
+			"Job/final":             specs.BackupJob(kvc, specs.FinalBackupRun(kvc, now), "op:1"),
+			"Job/preupgrade":        specs.PreUpgradeBackupJob(kvc, "https", "op:1", now),
+			"Job/deregister":        specs.DeregistrationJob(kvc, "op:1", ""),
+			"PersistentVolumeClaim": specs.MemberClaim(kvc, specs.DataClaimName(kvc, specs.MaxMembers-1), "", resource.MustParse("1Gi")),
+		}
+		for what, obj := range objects {
+			data, err := json.Marshal(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var o struct {
+				Metadata struct {
+					Name   string            `json:"name"`
+					Labels map[string]string `json:"labels"`
+				} `json:"metadata"`
+				Spec struct {
+					Template struct {
+						Metadata struct {
+							Labels map[string]string `json:"labels"`
+						} `json:"metadata"`
+					} `json:"template"`
+				} `json:"spec"`
+			}
+			if err := json.Unmarshal(data, &o); err != nil {
+				t.Fatal(err)
+			}
+			objName := o.Metadata.Name
+			problems := validation.IsDNS1123Subdomain(objName)
+			switch kind, _, _ := strings.Cut(what, "/"); kind {
+			case "Service":
+				problems = validation.IsDNS1035Label(objName)
+			case "StatefulSet": // its pods are labelled with "<name>-<revision hash of up to 10 characters>"
+				problems = append(problems, validation.IsValidLabelValue(objName+"-0123456789")...)
+				for ord := range specs.MaxMembers { // and named, and resolved, after their ordinals
+					problems = append(problems, validation.IsDNS1123Label(specs.MemberName(kvc, ord))...)
+				}
+				for _, host := range specs.ServerNames(kvc) {
+					problems = append(problems, validation.IsDNS1123Subdomain(host)...)
+				}
+			case "Job": // its pods are labelled with its name
+				problems = append(problems, validation.IsValidLabelValue(objName)...)
+			}
+			for _, labels := range []map[string]string{o.Metadata.Labels, o.Spec.Template.Metadata.Labels} {
+				for k, v := range labels {
+					problems = append(problems, validation.IsQualifiedName(k)...)
+					problems = append(problems, validation.IsValidLabelValue(v)...)
+				}
+			}
+			if len(problems) > 0 {
+				t.Errorf("admitted KVCluster %s/%s makes %s %q that is not valid: %v", namespace, name, what, objName, problems)
+			}
+		}
+	})
 }
