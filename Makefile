@@ -107,7 +107,7 @@ test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd
 
 # Go fuzz targets (package:target). Each one's seed corpus (f.Add, and testdata/fuzz/<target>/,
 # where a fuzzing run writes any input that fails) runs in every `go test`.
-FUZZ_TARGETS = ./apis/v1alpha1:FuzzAdmittedClustersMakeValidObjects ./backup:FuzzSchedule ./backup:FuzzRetention
+FUZZ_TARGETS = ./apis/v1alpha1:FuzzAdmittedClustersMakeValidObjects ./backup:FuzzSchedule ./backup:FuzzRetention ./deploy/argocd:FuzzHealthScript
 FUZZTIME ?= 2m
 
 .PHONY: fuzz

@@ -94,3 +94,59 @@ func toLua(L *lua.LState, v any) lua.LValue {
 	}
 	return lua.LNil
 }
+
+// FuzzHealthScript runs the script on KVClusters of any phase, generations and conditions (in
+// the shape the API publishes: every condition has a type, a status and a message, maybe empty):
+// it never fails, always answers a health Argo CD knows with a message, and says Healthy only
+// for a cluster whose operator saw its latest spec, reports it Ready and nothing Stalled.
+func FuzzHealthScript(f *testing.F) {
+	script, err := os.ReadFile("health.lua")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("Ready", uint8(1), uint8(1), []byte{0, 1}, "3/3 members ready", false)
+	f.Add("Failed", uint8(2), uint8(2), []byte{0, 0, 1, 1}, "", false)
+	f.Add("Creating", uint8(3), uint8(2), []byte{}, "x", true)
+	f.Fuzz(func(t *testing.T, phase string, generation, observed uint8, conditions []byte, message string, deleting bool) {
+		types := []string{"Ready", "Stalled", "Reconciling", "SpaceLow", ""}
+		statuses := []string{"True", "False", "Unknown"}
+		var conds []any
+		healthy, stalled := false, false
+		for i := 0; i+1 < len(conditions) && i < 20; i += 2 {
+			typ, status := types[int(conditions[i])%len(types)], statuses[int(conditions[i+1])%len(statuses)]
+			conds = append(conds, map[string]any{"type": typ, "status": status, "message": message})
+			stalled = stalled || typ == "Stalled" && status == "True"
+			if typ == "Ready" {
+				healthy = status == "True" // the script reads the last Ready condition
+			}
+		}
+		obj := map[string]any{
+			"apiVersion": "kvcluster.io/v1alpha1", "kind": "KVCluster",
+			"metadata": map[string]any{"name": "kv", "generation": int(generation)},
+			"status":   map[string]any{"observedGeneration": int(observed), "phase": phase, "conditions": conds},
+		}
+		if deleting {
+			obj["metadata"].(map[string]any)["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+		}
+		L := lua.NewState()
+		defer L.Close()
+		L.SetGlobal("obj", toLua(L, obj))
+		if err := L.DoString(string(script)); err != nil {
+			t.Fatalf("the script failed on %v: %v", obj, err)
+		}
+		hs, ok := L.Get(-1).(*lua.LTable)
+		if !ok {
+			t.Fatalf("the script returned %v, not a table", L.Get(-1))
+		}
+		status := hs.RawGetString("status").String()
+		if status != "Healthy" && status != "Progressing" && status != "Degraded" {
+			t.Errorf("health %q on %v", status, obj)
+		}
+		if _, ok := hs.RawGetString("message").(lua.LString); !ok {
+			t.Errorf("message %v on %v", hs.RawGetString("message"), obj)
+		}
+		if want := healthy && !stalled && !deleting && observed >= generation; (status == "Healthy") != want {
+			t.Errorf("health %s on %v; Healthy expected: %t", status, obj, want)
+		}
+	})
+}
