@@ -31,10 +31,14 @@ type Result struct {
 	Member         string    `json:"member"`
 	StartTime      time.Time `json:"startTime"`
 	CompletionTime time.Time `json:"completionTime"`
-	// Pruned are the older snapshots the retention deleted after this one was verified.
-	Pruned []string `json:"pruned,omitempty"`
-	// RemovedPartial are the objects whose partial writes, left by killed backups, were removed.
-	RemovedPartial []string `json:"removedPartial,omitempty"`
+	// Pruned are the older snapshots the retention deleted after this one was verified; in a
+	// Report, maybe only the first PrunedCount of them.
+	Pruned      []string `json:"pruned,omitempty"`
+	PrunedCount int      `json:"prunedCount,omitempty"`
+	// RemovedPartial are the objects whose partial writes, left by killed backups, were removed;
+	// in a Report, maybe only the first RemovedPartialCount of them.
+	RemovedPartial      []string `json:"removedPartial,omitempty"`
+	RemovedPartialCount int      `json:"removedPartialCount,omitempty"`
 	// Warnings are problems that did not stop the backup.
 	Warnings []string `json:"warnings,omitempty"`
 }
@@ -228,4 +232,44 @@ func verify(ctx context.Context, store Store, key string, size int64, sum string
 		return fmt.Errorf("%s %w: %d bytes sha256 %s read back, %d bytes sha256 %s sent", store.URI(key), errDiffers, n, got, size, sum)
 	}
 	return nil
+}
+
+// MaxReportBytes is how much of a container's termination message the kubelet keeps.
+const MaxReportBytes = 4096
+
+// Report is the result as the backup Job's termination message, which the operator reads: its
+// JSON, made to fit MaxReportBytes (cut there, it would no longer parse, and the operator could
+// not record where the backup went). Long lists of pruned and removed objects keep their counts
+// and as many names as fit; long warnings are shortened. The Job's log has the whole result.
+func (r Result) Report() []byte {
+	out, _ := json.Marshal(r)
+	if len(out) <= MaxReportBytes {
+		return out
+	}
+	r.PrunedCount, r.RemovedPartialCount = len(r.Pruned), len(r.RemovedPartial)
+	warnings := make([]string, len(r.Warnings))
+	for i, w := range r.Warnings {
+		if len(w) > 300 {
+			w = w[:300] + "…"
+		}
+		warnings[i] = w
+	}
+	r.Warnings = warnings
+	for {
+		out, _ = json.Marshal(r)
+		switch {
+		case len(out) <= MaxReportBytes:
+			return out
+		case len(r.Pruned) > 0:
+			r.Pruned = r.Pruned[:len(r.Pruned)-1]
+		case len(r.RemovedPartial) > 0:
+			r.RemovedPartial = r.RemovedPartial[:len(r.RemovedPartial)-1]
+		case len(r.Warnings) > 1:
+			r.Warnings = append(r.Warnings[:len(r.Warnings)-2], fmt.Sprintf("%s (and more warnings: see the Job's log)", r.Warnings[len(r.Warnings)-2]))
+		default:
+			r.Warnings = nil // what is left fits: a location, sizes, times and counts
+			out, _ = json.Marshal(r)
+			return out
+		}
+	}
 }

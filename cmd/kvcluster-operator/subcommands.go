@@ -132,7 +132,7 @@ func runBackup(args []string) int {
 	}
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
-	if err := os.WriteFile(*terminationLog, out, 0o644); err != nil {
+	if err := os.WriteFile(*terminationLog, res.Report(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, "write the termination log:", err)
 	}
 	return 0

@@ -184,7 +184,7 @@ func backupRecord(j Job) kvv1.BackupRecord {
 	var res backup.Result
 	if j.Succeeded && json.Unmarshal([]byte(j.Report), &res) == nil {
 		rec.Location, rec.Size, rec.SHA256, rec.Revision, rec.EtcdVersion = res.Location, res.Size, res.SHA256, res.Revision, res.EtcdVersion
-		rec.Pruned = int32(len(res.Pruned))
+		rec.Pruned = int32(max(res.PrunedCount, len(res.Pruned)))
 		_, rec.WritesFenced = j.Job.Annotations[specs.WritesFencedAnnotation]
 		if len(res.Warnings) > 0 {
 			rec.Message = "succeeded with warnings: " + strings.Join(res.Warnings, "; ")

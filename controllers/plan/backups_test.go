@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -180,5 +181,29 @@ func TestASlotWhoseJobExistsIsNotStartedAgain(t *testing.T) {
 		if e.Reason == EventBackupStarted {
 			t.Errorf("announced again: %s", e.Message)
 		}
+	}
+}
+
+// TestALongBackupReportStillSaysWhereTheBackupWent: the kubelet keeps 4096 bytes of a termination
+// message. A backup whose retention deleted many snapshots at once (keepLast lowered from 67 to 7: two and a half days of hourly backups)
+// reports them all; cut mid-JSON, its record would say the backup succeeded but not where it went,
+// how large it is or its checksum.
+func TestALongBackupReportStillSaysWhereTheBackupWent(t *testing.T) {
+	key := "team-a/prod/ledger/4a1b0c7e-1d2f-4e5a-9b8c-7d6e5f4a3b2c/"
+	res := backup.Result{Location: "s3://backups/" + key + "ledger-29936105.db", Size: 389152, SHA256: strings.Repeat("ab", 32),
+		Revision: 3271, EtcdVersion: "3.7.3", Member: "ledger-1"}
+	for i := range 60 {
+		res.Pruned = append(res.Pruned, fmt.Sprintf("%sledger-%d.db", key, 29935000+60*i))
+	}
+	report := string(res.Report())
+	const kept = 4096 // the kubelet's limit for one container's termination message
+	if len(report) > kept {
+		t.Errorf("the report has %d bytes, more than the kubelet keeps", len(report))
+		report = report[:kept]
+	}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "ledger-29936105"}}
+	rec := backupRecord(Job{Job: job, Done: true, Succeeded: true, FinishedAt: t0, Report: report})
+	if rec.Location != res.Location || rec.Size != res.Size || rec.SHA256 != res.SHA256 || rec.Revision != res.Revision || rec.Pruned != 60 {
+		t.Errorf("recorded %+v, want where the backup went, its size, checksum, revision and 60 pruned", rec)
 	}
 }
