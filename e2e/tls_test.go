@@ -399,10 +399,14 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 			// handshake with it any more.
 			for ord := range 3 {
 				addr := fmt.Sprintf("ledger-%d.ledger-peer.%s.svc:2379", ord, kvc.Namespace)
-				if raw, err := writerGet(ctx, t, cfg, kvc, "servercert", "addr", addr); err == nil {
+				raw, err := writerGet(ctx, t, cfg, kvc, "servercert", "addr", addr)
+				switch why := strings.TrimSpace(string(raw)); {
+				case err == nil:
 					t.Errorf("%s still serves TLS to a client with the cluster's certificate: %s", addr, raw)
-				} else if ord == 0 {
-					t.Logf("a TLS client with the cluster's certificate: %v", err)
+				case !strings.Contains(strings.ToLower(why), "tls"): // the writer answers why the handshake failed
+					t.Errorf("asking for %s's certificate failed otherwise: %v: %s", addr, err, raw)
+				case ord == 0:
+					t.Logf("a TLS client with the cluster's certificate: %s", why)
 				}
 			}
 			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
