@@ -225,9 +225,7 @@ func TestTLSCluster(t *testing.T) {
 					t.Errorf("member %s never restarted: it would still trust the old CA", name)
 				}
 			}
-			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
-				"-o", "custom-columns=TIME:.eventTime,REASON:.reason,MESSAGE:.message")
-			t.Logf("events:\n%s", events)
+			logClusterEvents(t, cfg, kvc)
 			rep := writerAsk(ctx, t, cfg, kvc, "stop")
 			t.Logf("writer: %s", rep)
 			if len(rep.Missing) != 0 || !rep.Checked {
@@ -292,6 +290,15 @@ func waitListening(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *
 			listening(ctx, t, cfg, kvc), got.Status.Phase, got.Status.Conditions)
 	}
 	t.Logf("members listen as %q after %s", want, time.Since(start).Round(time.Second))
+}
+
+// logClusterEvents logs the KVCluster's events in the order they happened, with their times (to
+// match with the writer's longest outage).
+func logClusterEvents(t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
+	t.Helper()
+	events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
+		"--sort-by=.eventTime", "-o", "custom-columns=TIME:.eventTime,REASON:.reason,MESSAGE:.message")
+	t.Logf("events:\n%s", events)
 }
 
 func TestMovingARunningClusterToTLS(t *testing.T) {
@@ -359,9 +366,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 			if out := etcdctl(ctx, t, cfg, kvc, "ledger-2", append(withCert, "--endpoints="+clientService(kvc, "https"), "get", "--print-value-only", "plain/still")...); strings.TrimSpace(out) != "ok" {
 				t.Errorf("read %q over TLS, want ok", out)
 			}
-			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
-				"--sort-by=.eventTime", "-o", "custom-columns=TIME:.eventTime,REASON:.reason,MESSAGE:.message")
-			t.Logf("events:\n%s", events)
+			logClusterEvents(t, cfg, kvc)
 			rep := writerAsk(ctx, t, cfg, kvc, "report")
 			t.Logf("writer: %s", rep)
 			// Three rolls (certificates, peers on TLS, plaintext refused), each handing leadership
@@ -409,9 +414,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 					t.Logf("a TLS client with the cluster's certificate: %s", why)
 				}
 			}
-			events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--field-selector", "involvedObject.kind=KVCluster",
-				"--sort-by=.eventTime", "-o", "custom-columns=TIME:.eventTime,REASON:.reason,MESSAGE:.message")
-			t.Logf("events:\n%s", events)
+			logClusterEvents(t, cfg, kvc)
 			rep := writerAsk(ctx, t, cfg, kvc, "stop")
 			t.Logf("writer: %s", rep)
 			if len(rep.Missing) != 0 || !rep.Checked {
