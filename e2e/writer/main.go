@@ -8,7 +8,8 @@
 //	/stop    stops writing, then checks that every acknowledged key is present and says which are not;
 //	         ?endpoints=... checks in another cluster (one restored from a backup of this one)
 //	/servercert?addr=host:port  the serial and expiry of the certificate a member serves to a new
-//	         connection now (a cluster with TLS: --tls-dir holds its client certificate)
+//	         connection now (a cluster with TLS: --tls-dir holds its client certificate); when
+//	         there is none, why: "connect: ..." or "handshake: ..."
 //	/switch?endpoints=...  goes on writing through other endpoints (https ones with the client
 //	         certificate in --tls-dir, read now), as an application moving to TLS does
 //	/latency?n=2000  stops writing, then times n sequential 256-byte puts and reports percentiles
@@ -380,9 +381,18 @@ func main() {
 		addr := r.URL.Query().Get("addr")
 		config := tlsConfig.Clone()
 		config.ServerName, _, _ = strings.Cut(addr, ":")
-		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, config)
+		// Reaching the port and the handshake fail differently, so that a test can tell a member
+		// that refuses TLS from one it cannot reach.
+		raw, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
-			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+			http.Error(rw, "connect: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		conn := tls.Client(raw, config)
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := conn.Handshake(); err != nil {
+			_ = raw.Close()
+			http.Error(rw, "handshake: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		defer func() { _ = conn.Close() }()
