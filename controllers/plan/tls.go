@@ -68,9 +68,10 @@ func tlsParts(kvc *kvv1.KVCluster) []TLSPart {
 //
 // A cluster moving back to plaintext is issued nothing, but its members use their certificates
 // until the last roll: without their Secrets, a restarted member would never start. While
-// members move either way, they keep the Secrets they started the move with.
+// members move either way (back to plaintext: from before its first roll on), they keep the
+// Secrets they started the move with.
 func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
-	if obs.STSTransport != nil && *obs.STSTransport == Moving {
+	if t := obs.STSTransport; t != nil && (*t == Moving || !specs.TLSEnabled(kvc) && t.UsesTLS()) {
 		for _, part := range slices.Sorted(maps.Keys(obs.STSTLSSecrets)) {
 			if mounted, named := obs.STSTLSSecrets[part], specs.TLSSecretName(kvc, part); mounted != named {
 				return TLS{Problem: fmt.Sprintf("the members are moving between plaintext and TLS with the %s certificate of Secret %s, and the spec now names Secret %s: "+
