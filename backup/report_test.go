@@ -30,6 +30,7 @@ func TestReportFitsTheTerminationMessage(t *testing.T) {
 		{name: "many pruned", pruned: 200},
 		{name: "many pruned and removed", pruned: 100, removed: 100},
 		{name: "long warnings", warnings: []string{strings.Repeat("w", 3000), strings.Repeat("v", 3000), "short"}, wantSomeWarnings: true},
+		{name: "a long warning is not cut in the middle of a character", pruned: 60, warnings: []string{"x" + strings.Repeat("é", 3000)}, wantSomeWarnings: true},
 		{name: "many warnings", pruned: 40, warnings: strings.Split(strings.Repeat("a warning of some length to fill the report up;", 100), ";"), wantSomeWarnings: true},
 	}
 	for _, tt := range tests {
@@ -53,7 +54,7 @@ func TestReportFitsTheTerminationMessage(t *testing.T) {
 			if whole, _ := json.Marshal(r); tt.wantWhole != (string(whole) == string(report)) {
 				t.Errorf("the report is the whole result: %t, want %t", !tt.wantWhole, tt.wantWhole)
 			}
-			if (len(got.Warnings) > 0) != tt.wantSomeWarnings {
+			if (len(got.Warnings) > 0) != tt.wantSomeWarnings || strings.Contains(strings.Join(got.Warnings, ""), "\uFFFD") {
 				t.Errorf("warnings %q", got.Warnings)
 			}
 		})

@@ -118,7 +118,7 @@ func TestRetentionKeepsOnlyVerifiedSnapshots(t *testing.T) {
 // a backup user relies on: nothing but this cluster's scheduled snapshots is ever deleted; never
 // the one just written, nor the newest verified one, nor one of the keepLast newest verified
 // that is within maxAge; an unverified one only after MaxRunTime; metadata only with its
-// snapshot.
+// snapshot. And what it does not keep, it deletes.
 func FuzzRetention(f *testing.F) {
 	f.Add([]byte{0, 1, 3, 1, 0, 2, 2, 0, 0, 3, 0, 1}, uint8(2), uint8(0))
 	f.Add([]byte{0, 1, 50, 1, 0, 2, 30, 1, 1, 3, 20, 0, 2, 4, 80, 1, 3, 5, 90, 1, 0, 6, 0, 1}, uint8(7), uint8(24))
@@ -207,6 +207,12 @@ func FuzzRetention(f *testing.F) {
 				t.Errorf("deleted %s, the newest verified snapshot", name)
 			case gone && o.verified && slices.Index(verified, name) < r.KeepLast && (r.MaxAge == 0 || o.age <= r.MaxAge):
 				t.Errorf("deleted %s, one of the %d newest verified (%v) and within maxAge %s", name, r.KeepLast, verified, r.MaxAge)
+			// And what retention is for: what it does not keep goes.
+			case !gone && o.scheduled && key != justWritten && !o.verified && o.age > MaxRunTime:
+				t.Errorf("kept %s, unverified and older than %s", name, MaxRunTime)
+			case !gone && o.scheduled && key != justWritten && o.verified &&
+				(slices.Index(verified, name) >= r.KeepLast || r.MaxAge > 0 && slices.Index(verified, name) > 0 && o.age > r.MaxAge):
+				t.Errorf("kept %s beyond keepLast %d (%v) or maxAge %s", name, r.KeepLast, verified, r.MaxAge)
 			}
 			if o.verified && left[key+MetadataSuffix] != left[key] {
 				t.Errorf("%s is there: %t, its metadata: %t", name, left[key], left[key+MetadataSuffix])

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -250,26 +252,27 @@ func (r Result) Report() []byte {
 	warnings := make([]string, len(r.Warnings))
 	for i, w := range r.Warnings {
 		if len(w) > 300 {
-			w = w[:300] + "…"
+			w = strings.ToValidUTF8(w[:300], "") + "…" // not half a character
 		}
 		warnings[i] = w
 	}
 	r.Warnings = warnings
-	for {
-		out, _ = json.Marshal(r)
-		switch {
-		case len(out) <= MaxReportBytes:
-			return out
-		case len(r.Pruned) > 0:
-			r.Pruned = r.Pruned[:len(r.Pruned)-1]
-		case len(r.RemovedPartial) > 0:
-			r.RemovedPartial = r.RemovedPartial[:len(r.RemovedPartial)-1]
-		case len(r.Warnings) > 1:
-			r.Warnings = append(r.Warnings[:len(r.Warnings)-2], fmt.Sprintf("%s (and more warnings: see the Job's log)", r.Warnings[len(r.Warnings)-2]))
-		default:
-			r.Warnings = nil // what is left fits: a location, sizes, times and counts
-			out, _ = json.Marshal(r)
-			return out
+	fits := func(r Result) bool { out, _ = json.Marshal(r); return len(out) <= MaxReportBytes }
+	// The most names of each list that fit (a search: a list may have thousands), then warnings.
+	for _, list := range []*[]string{&r.Pruned, &r.RemovedPartial, &r.Warnings} {
+		all := *list
+		n := sort.Search(len(all)+1, func(n int) bool { *list = all[:n]; return !fits(r) }) - 1
+		*list = all[:max(n, 0)]
+		if n >= 0 {
+			break // what is left fits
 		}
 	}
+	if len(r.Warnings) < len(warnings) {
+		r.Warnings = append(slices.Clip(r.Warnings), fmt.Sprintf("and %d more warnings: see the Job's log", len(warnings)-len(r.Warnings)))
+		if !fits(r) {
+			r.Warnings = r.Warnings[:len(r.Warnings)-1]
+		}
+	}
+	out, _ = json.Marshal(r)
+	return out
 }
