@@ -56,8 +56,35 @@ func Parse(expr, timeZone string, now time.Time) (s Schedule, err error) {
 	return Schedule{cron: sched}, nil
 }
 
-// Next is the first slot after t.
-func (s Schedule) Next(t time.Time) time.Time { return s.cron.Next(t) }
+// Next is the first slot after t. robfig/cron may answer a time its schedule does not match
+// where DST starts at midnight: its search steps from 23:00 over the missing hour into the next
+// day without checking the day again (a Saturday 01:00 schedule answered Sunday 01:00 in
+// America/Santiago). Such a time is passed over.
+func (s Schedule) Next(t time.Time) time.Time {
+	next := s.cron.Next(t)
+	for !next.IsZero() && !s.matches(next) {
+		next = s.cron.Next(next)
+	}
+	return next
+}
+
+// matches says whether t is a time of the schedule, as robfig/cron's fields define it (the day
+// of the month and of the week both, or either when neither is "*").
+func (s Schedule) matches(t time.Time) bool {
+	spec, ok := s.cron.(*cron.SpecSchedule)
+	if !ok {
+		return true
+	}
+	t = t.In(spec.Location)
+	has := func(field uint64, v int) bool { return field&(1<<uint(v)) != 0 }
+	const star = 1 << 63 // robfig/cron's mark of a field given as "*"
+	dom, dow := has(spec.Dom, t.Day()), has(spec.Dow, int(t.Weekday()))
+	day := dom || dow
+	if spec.Dom&star != 0 || spec.Dow&star != 0 {
+		day = dom && dow
+	}
+	return day && has(spec.Month, int(t.Month())) && has(spec.Hour, t.Hour()) && has(spec.Minute, t.Minute()) && has(spec.Second, t.Second())
+}
 
 // MostRecentSlot is the latest slot in (after, now], or the zero time when there is none. after
 // is the slot that last ran (or when scheduling began), so a slot never runs twice. Slots older

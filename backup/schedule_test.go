@@ -126,6 +126,7 @@ func FuzzSchedule(f *testing.F) {
 	f.Add("CRON_TZ=Asia/Kolkata 0 0 29 2 *", "", int64(0), uint16(1), uint32(0))
 	f.Add("TZ=0", "", int64(0), uint16(0), uint32(0))
 	f.Add("@weekly", "", int64(0), uint16(10000), uint32(86400))
+	f.Add("0 1 * * 6", "America/Santiago", int64(248*86400+10*3600), uint16(60*24), uint32(0)) // DST starts at midnight
 	base := at("2026-01-01T00:00:00Z")
 	f.Fuzz(func(t *testing.T, expr, tz string, offset int64, afterMinutes uint16, deadlineSeconds uint32) {
 		// Within about ten years of 2026, and "after" at most a week back (the work of counting
@@ -157,4 +158,27 @@ func FuzzSchedule(f *testing.F) {
 			t.Errorf("%q in %q: slot %s comes between the most recent %s and now %s", expr, tz, next, slot, now)
 		}
 	})
+}
+
+// TestASlotIsOnTheScheduledDayWhereDSTStartsAtMidnight: in America/Santiago clocks go from 00:00
+// to 01:00 on the first Sunday of September. robfig/cron's search steps from Saturday 23:00 over
+// the missing hour into Sunday 01:00 without checking the day again, so a Saturday backup at 01:00
+// would run on Sunday; the slot must be the next Saturday's.
+func TestASlotIsOnTheScheduledDayWhereDSTStartsAtMidnight(t *testing.T) {
+	santiago, err := time.LoadLocation("America/Santiago")
+	if err != nil {
+		t.Fatal(err)
+	}
+	saturday := time.Date(2026, 9, 5, 2, 0, 0, 0, santiago)
+	s, err := Parse("0 1 * * 6", "America/Santiago", saturday)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := time.Date(2026, 9, 12, 1, 0, 0, 0, santiago)
+	if got := s.Next(saturday); !got.Equal(want) {
+		t.Errorf("next slot after %s: %s (a %s), want %s", saturday, got.In(santiago), got.In(santiago).Weekday(), want)
+	}
+	if slot, _ := s.MostRecentSlot(saturday, want.Add(-time.Minute), 0); !slot.IsZero() {
+		t.Errorf("a slot at %s (a %s) between two Saturdays", slot.In(santiago), slot.In(santiago).Weekday())
+	}
 }
