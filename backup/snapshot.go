@@ -257,7 +257,7 @@ func (r Result) Report() []byte {
 		warnings[i] = w
 	}
 	r.Warnings = warnings
-	fits := func(r Result) bool { out, _ = json.Marshal(r); return len(out) <= MaxReportBytes }
+	fits := func(r Result) bool { b, _ := json.Marshal(r); return len(b) <= MaxReportBytes }
 	// The most names of each list that fit (a search: a list may have thousands), then warnings.
 	for _, list := range []*[]string{&r.Pruned, &r.RemovedPartial, &r.Warnings} {
 		all := *list

@@ -110,8 +110,8 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 
 // observeTLS reads the cluster's TLS Secrets: the operator's own (a Secret under their name that
 // the cluster does not control is someone else's, never written), or those the spec names; and
-// while a cluster moves back to plaintext, the operator's, which its members and clients still
-// use (only read: nothing is issued for it any more). In a foreground deletion the garbage
+// while a cluster moves back to plaintext, those its members and clients still use (only read:
+// nothing is issued for it any more). In a foreground deletion the garbage
 // collector takes the KVCluster off the owners of the Secrets its guard also owns: those are
 // still the cluster's (guard is the guard's UID, or "").
 func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID, obs *plan.Observation) (map[string]map[string][]byte, error) {

@@ -137,6 +137,18 @@ func memberPods(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv
 	return out
 }
 
+// stopWriter stops the writer, which then reads back every write it had acknowledged, and fails
+// the test when one is missing (while says when, for the message); it returns the final report.
+func stopWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, while string) writerReport {
+	t.Helper()
+	rep := writerAsk(ctx, t, cfg, kvc, "stop")
+	t.Logf("writer final: %s; %d keys present", rep, rep.Present)
+	if !rep.Checked || len(rep.Missing) > 0 {
+		t.Errorf("acknowledged writes missing %s: %d (%v), checked: %t", while, len(rep.Missing), rep.Missing[:min(len(rep.Missing), 10)], rep.Checked)
+	}
+	return rep
+}
+
 // logMemberWarnings logs the warnings and errors each member logged since it started (etcd logs
 // JSON lines), the last ones of each: what a failed availability check needs to be explained.
 func logMemberWarnings(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
@@ -361,12 +373,7 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 			return ctx
 		}).
 		Assess("every acknowledged write is still there", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			rep := writerAsk(ctx, t, cfg, kvc, "stop")
-			t.Logf("writer final: %d acknowledged, %d failed, %d keys present, longest unavailability %d ms, last error %q",
-				rep.Acknowledged, rep.Failed, rep.Present, rep.LongestUnavailableMillis, rep.LastError)
-			if !rep.Checked || len(rep.Missing) > 0 {
-				t.Errorf("acknowledged writes missing: %d (%v)", len(rep.Missing), rep.Missing[:min(len(rep.Missing), 10)])
-			}
+			rep := stopWriter(ctx, t, cfg, kvc, "after the upgrade, scaling and healing")
 			if rep.Acknowledged < 100 {
 				t.Errorf("only %d writes acknowledged: the writer did not really write", rep.Acknowledged)
 			}

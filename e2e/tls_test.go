@@ -226,11 +226,7 @@ func TestTLSCluster(t *testing.T) {
 				}
 			}
 			logClusterEvents(t, cfg, kvc)
-			rep := writerAsk(ctx, t, cfg, kvc, "stop")
-			t.Logf("writer: %s", rep)
-			if len(rep.Missing) != 0 || !rep.Checked {
-				t.Errorf("acknowledged writes were lost across the CA rotation: %+v", rep)
-			}
+			stopWriter(ctx, t, cfg, kvc, "across the CA rotation")
 			return ctx
 		}).
 		Assess("a scheduled backup reaches the members over TLS", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
@@ -415,11 +411,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 				}
 			}
 			logClusterEvents(t, cfg, kvc)
-			rep := writerAsk(ctx, t, cfg, kvc, "stop")
-			t.Logf("writer: %s", rep)
-			if len(rep.Missing) != 0 || !rep.Checked {
-				t.Errorf("acknowledged writes were lost: %+v", rep)
-			}
+			rep := stopWriter(ctx, t, cfg, kvc, "across the moves to TLS and back")
 			// Three more rolls (plaintext accepted, peers on plaintext, certificates gone).
 			if rep.Failed-failedBefore > 3 {
 				t.Errorf("%d writes failed while the cluster moved back to plaintext (at most one per leader handover expected): %s", rep.Failed-failedBefore, rep.LastError)

@@ -71,7 +71,7 @@ func tlsParts(kvc *kvv1.KVCluster) []TLSPart {
 // members move either way (back to plaintext: from before its first roll on), they keep the
 // Secrets they started the move with.
 func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
-	if t := obs.STSTransport; t != nil && (*t == Moving || !specs.TLSEnabled(kvc) && t.UsesTLS()) {
+	if t := obs.STSTransport; t != nil && (*t == movingTransport || !specs.TLSEnabled(kvc) && t.UsesTLS()) {
 		for _, part := range slices.Sorted(maps.Keys(obs.STSTLSSecrets)) {
 			if mounted, named := obs.STSTLSSecrets[part], specs.TLSSecretName(kvc, part); mounted != named {
 				return TLS{Problem: fmt.Sprintf("the members are moving between plaintext and TLS with the %s certificate of Secret %s, and the spec now names Secret %s: "+
@@ -109,7 +109,7 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 	_, caErr := certs.ParseCA(ca[corev1.TLSCertKey], ca[corev1.TLSPrivateKeyKey])
 	switch {
 	case hasCA && caErr == nil:
-	case bootstrapped(kvc, obs) && obs.MayUseTLS():
+	case bootstrapped(kvc, obs) && obs.mayUseTLS():
 		what := "is missing"
 		if hasCA {
 			what = "is not a usable CA (" + caErr.Error() + ")"

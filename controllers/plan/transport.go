@@ -12,7 +12,7 @@ import (
 
 // templateTransport is how the members' template makes them listen: as the spec wants, except
 // while a running cluster moves between plaintext and TLS. Either way goes in two rolls (members
-// restart one at a time in each) through the same step, Moving: every member has its peer
+// restart one at a time in each) through the same step (movingTransport): every member has its peer
 // certificate, peers are on plaintext, the client port accepts both schemes (so every client
 // keeps a scheme all members accept). Once every member runs so and is ready:
 //   - to TLS, peers move to https (each member's peer URL changes as it comes back:
@@ -28,24 +28,24 @@ func templateTransport(kvc *kvv1.KVCluster, obs Observation) specs.Transport {
 	case template == nil || *template == desired:
 	case desired.PeerTLS && template.PeerTLS: // peers are on TLS; only the client port changes
 	case !desired.UsesTLS() && !template.UsesTLS():
-	case *template == Moving && prepared(obs):
+	case *template == movingTransport && prepared(obs):
 	default:
-		return Moving
+		return movingTransport
 	}
 	return desired
 }
 
-// Moving is how members listen on the way between plaintext and TLS (templateTransport).
-var Moving = specs.Transport{PeerCerts: true, ClientTLS: true, ClientPlain: true}
+// movingTransport is how members listen on the way between plaintext and TLS (templateTransport).
+var movingTransport = specs.Transport{PeerCerts: true, ClientTLS: true, ClientPlain: true}
 
-// prepared: every member pod the StatefulSet runs is there, ready, on its template, Moving.
+// prepared: every member pod the StatefulSet runs is there, ready, on its template, movingTransport.
 func prepared(obs Observation) bool {
 	if obs.STSReplicas == nil || !obs.STSSettled {
 		return false
 	}
 	for ord := range int(*obs.STSReplicas) {
 		p, ok := obs.Pods[ord]
-		if !ok || p.Transport == nil || *p.Transport != Moving || !p.Ready || p.Terminating || p.Outdated {
+		if !ok || p.Transport == nil || *p.Transport != movingTransport || !p.Ready || p.Terminating || p.Outdated {
 			return false
 		}
 	}
@@ -89,10 +89,10 @@ func (o Observation) UsesTLS() bool {
 	return false
 }
 
-// MayUseTLS: some member may run with TLS, so trusts the CA it started with: UsesTLS, or not
+// mayUseTLS: some member may run with TLS, so trusts the CA it started with: UsesTLS, or not
 // known (a pod whose flags are unknown may; with no template, nor may anything be told). A
 // cluster that only ever ran plaintext can be given its first CA.
-func (o Observation) MayUseTLS() bool {
+func (o Observation) mayUseTLS() bool {
 	if o.STSTransport == nil || o.UsesTLS() {
 		return true
 	}

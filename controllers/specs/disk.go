@@ -22,7 +22,8 @@ import (
 //   - the file system's own share: 88.5% of a 1 GiB ext4 volume was left for a process that is
 //     not root (journal, inode tables, 5% reserved for root), as etcd runs here.
 //
-// Snapshots every 78 entries cost no throughput measurable on the test machine (1 KiB puts).
+// Snapshots every 78 entries cost no throughput measurable on the test machine (3 members;
+// 100-byte and 100 KiB puts, within run-to-run noise of 1,000 and 10,000; see the README).
 // Segments written faster than the 30 s purge removes them are not bounded by any flag: the
 // default quota's second half is their room too (on 1Gi, 30 s at 11 MB/s with a full database).
 const (
