@@ -52,32 +52,44 @@ func startS3(ctx context.Context, t *testing.T, cfg *envconf.Config, ns string) 
 		out, _ := kubectl(cfg, "-n", ns, "describe", "pods", "-l", "app=s3")
 		t.Fatalf("the S3 store did not start: %v\n%s", err, out)
 	}
-	cmd := exec.Command(envOr("KUBECTL", "kubectl"), "--kubeconfig", cfg.KubeconfigFile(), "-n", ns, "port-forward", "svc/s3", ":7070")
-	stdout, err := cmd.StdoutPipe()
+	s, err := connectS3(cfg, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := s.client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{Region: "us-east-1"}); err != nil {
+		s.stop()
+		t.Fatalf("create the bucket: %v", err)
+	}
+	return s
+}
+
+// connectS3 reaches the S3 store of namespace ns through a new port-forward (one dies with the API
+// server that carried it).
+func connectS3(cfg *envconf.Config, ns string) (*s3Store, error) {
+	cmd := exec.Command(envOr("KUBECTL", "kubectl"), "--kubeconfig", cfg.KubeconfigFile(), "-n", ns, "port-forward", "svc/s3", ":7070")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	m := regexp.MustCompile(`127\.0\.0\.1:(\d+)`).FindStringSubmatch(line)
 	if err != nil || m == nil {
 		_ = cmd.Process.Kill()
-		t.Fatalf("port-forward to the S3 store: %q %v", line, err)
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("port-forward to the S3 store: %q %v", line, err)
 	}
 	go func() { _, _ = io.Copy(io.Discard, stdout) }()
 	client, err := minio.New("127.0.0.1:"+m[1], &minio.Options{
 		Creds: credentials.NewStaticV4("e2e-backups", "e2e-backups-secret", ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
 	if err != nil {
-		t.Fatal(err)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, err
 	}
-	s := &s3Store{client: client, forward: cmd}
-	if err := client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{Region: "us-east-1"}); err != nil {
-		s.stop()
-		t.Fatalf("create the bucket: %v", err)
-	}
-	return s
+	return &s3Store{client: client, forward: cmd}, nil
 }
 
 func (s *s3Store) stop() {

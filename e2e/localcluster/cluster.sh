@@ -8,6 +8,9 @@
 #                        and route it made (idempotent)
 #   cluster.sh import F  import an image tarball into the node's containerd
 #   cluster.sh status    exit 0 when the cluster answers
+#   cluster.sh signal SIG CONTAINER_ID   send SIG (KILL, STOP, CONT...) to every process of one
+#                        container, from the host: a crash or a freeze no container can fake
+#   cluster.sh restart PROCESS  stop a control-plane process (kube-apiserver...) and start it again
 #
 # Isolation: nothing addressed to the cluster may leave through the machine's own interface.
 # Blackhole routes for the cluster ranges and iptables drop rules are installed before anything
@@ -112,6 +115,21 @@ kubepods_cgroups() {
 pod_processes() {
   local hier
   for hier in $(kubepods_cgroups); do find "$hier" -name cgroup.procs -exec cat {} + 2>/dev/null || true; done
+}
+
+# signal_container SIG ID sends SIG to every process in the cgroup of the container ID (the
+# kubelet's cgroupfs driver names it by the ID, under its pod's cgroup).
+signal_container() {
+  local sig=$1 id=$2 hier pids=""
+  [[ $id =~ ^[0-9a-f]{64}$ ]] || die "not a container ID: $id"
+  for hier in $(kubepods_cgroups); do
+    pids+=" $(find "$hier" -maxdepth 3 -type d -name "$id" -exec cat {}/cgroup.procs \; 2>/dev/null || true)"
+  done
+  pids=$(echo "$pids" | tr ' ' '\n' | sed '/^$/d' | sort -u | tr '\n' ' ')
+  # One by one: a process that exits meanwhile must not keep the signal from the others.
+  local pid reached=0
+  for pid in $pids; do kill -s "$sig" "$pid" 2>/dev/null && reached=$((reached + 1)); done
+  [ "$reached" -gt 0 ] || die "no process of container $id took SIG$sig"
 }
 
 # remove_pod_cgroups kills what still runs in the pod cgroups, waits until they are empty (a
@@ -569,8 +587,16 @@ case "${1:-}" in
   down) down ;;
   status) api_ready >/dev/null && node_ready ;;
   import) shift; for f in "$@"; do import_image "$f"; done ;;
+  signal) [ $# -eq 3 ] || die "usage: $0 signal SIG CONTAINER_ID"; signal_container "$2" "$3" ;;
+  restart)
+    [ $# -eq 2 ] || die "usage: $0 restart PROCESS"
+    case $2 in etcd | kube-apiserver | kube-controller-manager | kube-scheduler) ;; *) die "restart: only control-plane processes" ;; esac
+    alive "$2" || die "$2 is not running"
+    stop "$2"
+    mv -f "$DIR/logs/$2.log" "$DIR/logs/$2.previous.log" # start truncates the log; keep the stopped one's
+    control_plane_up ;;
   # Internal: the pod cgroup handling alone, for testing it on a fake or a cgroup v2 root.
   cgroups) echo "cgroup v$(cgroup_version) at $CGROUP_ROOT"; kubepods_cgroups ;;
   remove-pod-cgroups) remove_pod_cgroups ;;
-  *) echo "usage: $0 up|down|status|import TARBALL..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|import TARBALL...|signal SIG CONTAINER_ID|restart PROCESS" >&2; exit 2 ;;
 esac
