@@ -117,6 +117,18 @@ fuzz: ## fuzz each target for FUZZTIME (default 2m; make test fuzzes 10s each); 
 	  go test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
 	done
 
+# The chaos suite's budget: faults injected in all (a pass in progress finishes), and the time after
+# which no new pass starts; CHAOS_SEED replays a run's choices.
+CHAOS_FAULTS ?= 50
+CHAOS_DURATION ?= 35m
+
+.PHONY: chaos
+chaos: ## the whole life of a cluster, pass after pass, with the operator, members and API server killed at random moments (CHAOS_FAULTS, CHAOS_DURATION, CHAOS_SEED); ends with a table
+	$(MAKE) --no-print-directory cluster-down cluster-up images-local
+	status=0; E2E_LOCAL_CLUSTER=1 KUBECTL=$(KUBECTL) CHAOS_FAULTS=$(CHAOS_FAULTS) CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) \
+	  go test -tags e2e -count=1 -v -timeout=75m -run '^TestChaos$$' ./e2e/ -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
+	  $(CLUSTER) down; exit $$status
+
 .PHONY: bench
 bench: ## memory and speed of streaming backups into each store (B/op must not grow with the size)
 	$(BUILD_TOOLS) versitygw etcd-$(ETCD_VERSION)
