@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/robfig/cron/v3"
 )
 
 func at(s string) time.Time {
@@ -138,9 +140,11 @@ func FuzzSchedule(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if next := s.Next(now); !next.After(now) {
+		next := s.Next(now)
+		if !next.After(now) {
 			t.Fatalf("%q in %q: next slot after %s is %s", expr, tz, now, next)
 		}
+		noSlotSkipped(t, s, expr, tz, now, next)
 		slot, skipped := s.MostRecentSlot(after, now, deadline)
 		if skipped < 0 {
 			t.Errorf("%q in %q: %d slots skipped", expr, tz, skipped)
@@ -158,6 +162,33 @@ func FuzzSchedule(f *testing.F) {
 			t.Errorf("%q in %q: slot %s comes between the most recent %s and now %s", expr, tz, next, slot, now)
 		}
 	})
+}
+
+// noSlotSkipped checks Next against the schedule's fields alone, minute by minute, when the next
+// slot is at most three days away: next is a time of the schedule, and no minute between now and
+// next is one. A wall-clock minute that occurs twice (where DST ends) is not asked about: whether
+// it runs once or twice is robfig/cron's choice, not a slot skipped.
+func noSlotSkipped(t *testing.T, s Schedule, expr, tz string, now, next time.Time) {
+	t.Helper()
+	if !s.matches(next) {
+		t.Errorf("%q in %q: next slot %s is not a time of the schedule", expr, tz, next)
+	}
+	if next.Sub(now) > 72*time.Hour {
+		return
+	}
+	spec, ok := s.cron.(*cron.SpecSchedule)
+	if !ok {
+		return
+	}
+	twice := func(m time.Time) bool {
+		wall := func(t time.Time) string { return t.In(spec.Location).Format("2006-01-02 15:04") }
+		return wall(m) == wall(m.Add(-time.Hour)) || wall(m) == wall(m.Add(time.Hour))
+	}
+	for m := now.Truncate(time.Minute).Add(time.Minute); m.Before(next); m = m.Add(time.Minute) {
+		if s.matches(m) && !twice(m) {
+			t.Fatalf("%q in %q: %s is a time of the schedule between %s and the next slot %s", expr, tz, m.In(spec.Location), now, next)
+		}
+	}
 }
 
 // TestASlotIsOnTheScheduledDayWhereDSTStartsAtMidnight: in America/Santiago clocks go from 00:00
