@@ -338,11 +338,18 @@ func (r *chaosRun) scenario(ctx context.Context) {
 	})) {
 		return
 	}
-	// Scheduled backups go on through every step; this one waits for a slot after its start.
-	from := time.Now()
-	if !r.phase(ctx, "scheduled backups", func(context.Context) error { return nil }, converged(3, func(k *kvv1.KVCluster) bool {
-		lb := k.Status.LastBackup
-		return lb != nil && lb.Succeeded && lb.CompletionTime != nil && lb.CompletionTime.After(from) && !strings.Contains(lb.Job, "-final")
+	// Scheduled backups go on through every step; this one waits for two slots after its start.
+	from := time.Now().Unix()
+	if !r.phase(ctx, "scheduled backups", func(context.Context) error { return nil }, converged(3, func(*kvv1.KVCluster) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		done := 0
+		for job := range r.succeeded {
+			if slot, ok := slotOf(kvc.Name, job); ok && slot >= from {
+				done++
+			}
+		}
+		return done >= 2
 	})) {
 		return
 	}
@@ -451,6 +458,15 @@ func (r *chaosRun) phase(ctx context.Context, name string, act func(context.Cont
 	_ = poll(ctx, chaosDeadline, check)
 	stopInjecting()
 	<-injectorDone
+	// What the last fault did shows within a readiness probe's failures (3 × 5 s): converged
+	// before that may be what the status said before the fault.
+	r.mu.Lock()
+	lastFault := time.Time{}
+	if n := len(r.faults); n > faultsBefore {
+		lastFault = r.faults[n-1].At.Add(r.faults[n-1].Took)
+	}
+	r.mu.Unlock()
+	time.Sleep(time.Until(lastFault.Add(20 * time.Second)))
 	start := time.Now()
 	if err := poll(ctx, chaosDeadline, check); err != nil {
 		r.violate(name, chaos.Violation{At: time.Now(), Invariant: "converges to its spec within the progress deadline",
