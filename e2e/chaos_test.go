@@ -116,7 +116,7 @@ type chaosRun struct {
 	t        *testing.T
 	cfg      *envconf.Config
 	settings chaosSettings
-	rng      *rand.Rand // the injector's alone while it runs; the scenario's between phases
+	rng      *rand.Rand // the injector's alone (one runs at a time)
 
 	mu         sync.Mutex
 	pass       int
@@ -129,7 +129,6 @@ type chaosRun struct {
 	// What the monitor saw of the current incarnation, for the backup invariants.
 	jobSlots  map[int64][]chaos.SlotJob // scheduled Jobs by their slot's Unix time
 	succeeded map[string]bool           // scheduled Jobs that succeeded, by name
-	excused   []chaos.Interval          // spans when no backup may start
 	jobSpans  map[types.UID]chaos.Interval
 	leases    []leaseHolder // the operator's leader, when it changed
 	createdAt time.Time
