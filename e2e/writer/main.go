@@ -58,11 +58,21 @@ type Report struct {
 	Present                 int      `json:"present"`
 }
 
+// etcdClient is what the writer needs of a *clientv3.Client (a fake in unit tests).
+type etcdClient interface {
+	clientv3.KV
+	Close() error
+}
+
 type writer struct {
 	prefix string
 
+	// writing is held by the loop from its check of stopped until its write is counted, so that
+	// stop can wait for a write in flight: a report taken after stop is the writer's last word.
+	writing sync.Mutex
+
 	mu          sync.Mutex
-	cli         *clientv3.Client
+	cli         etcdClient
 	acked       []string
 	failed      int
 	lastSuccess time.Time
@@ -74,10 +84,12 @@ type writer struct {
 
 func (w *writer) run(ctx context.Context, interval time.Duration) {
 	for i := 0; ; i++ {
+		w.writing.Lock()
 		w.mu.Lock()
 		stopped, cli := w.stopped, w.cli
 		w.mu.Unlock()
 		if stopped || ctx.Err() != nil {
+			w.writing.Unlock()
 			return
 		}
 		key := fmt.Sprintf("%s%08d", w.prefix, i)
@@ -99,8 +111,19 @@ func (w *writer) run(ctx context.Context, interval time.Duration) {
 			w.lastSuccess = now
 		}
 		w.mu.Unlock()
+		w.writing.Unlock()
 		time.Sleep(interval)
 	}
+}
+
+// stop ends the writing loop and waits for its write in flight (it has its own timeout) to be
+// counted as acknowledged or failed.
+func (w *writer) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
+	w.writing.Lock()
+	defer w.writing.Unlock()
 }
 
 func (w *writer) report() Report {
@@ -119,8 +142,8 @@ func (w *writer) report() Report {
 
 // check reads every key under the prefix (linearizably) and lists the acknowledged ones missing.
 func (w *writer) check(ctx context.Context) (Report, error) {
+	w.stop()
 	w.mu.Lock()
-	w.stopped = true
 	acked, cli := append([]string(nil), w.acked...), w.cli
 	w.mu.Unlock()
 	rep := w.report()
@@ -154,11 +177,10 @@ type Latency struct {
 
 // latency stops the writing loop, then times n sequential puts of 256 bytes with its client.
 func (w *writer) latency(ctx context.Context, n int) (Latency, error) {
+	w.stop()
 	w.mu.Lock()
-	w.stopped = true
 	cli := w.cli
 	w.mu.Unlock()
-	time.Sleep(100 * time.Millisecond) // a put of the loop in flight ends
 	value := strings.Repeat("x", 256)
 	took := make([]time.Duration, 0, n)
 	for i := range n {
@@ -302,9 +324,7 @@ func main() {
 		reply(rw, rep, nil)
 	})
 	http.HandleFunc("/halt", func(rw http.ResponseWriter, _ *http.Request) {
-		w.mu.Lock()
-		w.stopped = true
-		w.mu.Unlock()
+		w.stop()
 		reply(rw, w.report(), nil)
 	})
 	http.HandleFunc("/stop", func(rw http.ResponseWriter, r *http.Request) {
@@ -317,8 +337,8 @@ func main() {
 			}
 			defer func() { _ = other.Close() }()
 			checker = &writer{cli: other, prefix: w.prefix}
+			w.stop()
 			w.mu.Lock()
-			w.stopped = true
 			checker.acked, checker.failed, checker.longest, checker.longestFrom, checker.lastSuccess, checker.lastErr = w.acked, w.failed, w.longest, w.longestFrom, w.lastSuccess, w.lastErr
 			w.mu.Unlock()
 		}
