@@ -86,6 +86,28 @@ func (s Schedule) matches(t time.Time) bool {
 	return day && has(spec.Month, int(t.Month())) && has(spec.Hour, t.Hour()) && has(spec.Minute, t.Minute()) && has(spec.Second, t.Second())
 }
 
+// LongestGap is the longest time between two consecutive slots of the span after from (and the
+// gap that crosses its end): the interval a backup may be expected within. A span of more than a
+// week holds a weekend whatever the weekday from is. The slots looked at are bounded (every
+// minute for the span is 11,520 for 8 days).
+func (s Schedule) LongestGap(from time.Time, span time.Duration) time.Duration {
+	const maxSlots = 20000
+	var longest time.Duration
+	prev := s.Next(from)
+	for range maxSlots {
+		next := s.Next(prev)
+		if next.IsZero() {
+			break
+		}
+		longest = max(longest, next.Sub(prev))
+		if next.After(from.Add(span)) {
+			break
+		}
+		prev = next
+	}
+	return longest
+}
+
 // MostRecentSlot is the latest slot in (after, now], or the zero time when there is none. after
 // is the slot that last ran (or when scheduling began), so a slot never runs twice. Slots older
 // than the starting deadline are not run at all: only the most recent missed slot can run, and

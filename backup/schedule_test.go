@@ -213,3 +213,35 @@ func TestASlotIsOnTheScheduledDayWhereDSTStartsAtMidnight(t *testing.T) {
 		t.Errorf("a slot at %s (a %s) between two Saturdays", slot.In(santiago), slot.In(santiago).Weekday())
 	}
 }
+
+// The longest gap is what "no backup for two intervals" is measured against: a schedule of
+// working days must count its weekend from any weekday, one of every minute must not be stretched.
+func TestLongestGap(t *testing.T) {
+	const week = 8 * 24 * time.Hour
+	tests := []struct {
+		name, expr string
+		from       string // 2026-11-30 is a Monday, 2026-12-02 a Wednesday
+		span       time.Duration
+		want       time.Duration
+	}{
+		{"every minute", "* * * * *", "2026-11-30T12:00:30Z", week, time.Minute},
+		{"every six hours", "0 */6 * * *", "2026-11-30T12:00:00Z", week, 6 * time.Hour},
+		{"working days at 01:00: the weekend counts", "0 1 * * 1-5", "2026-11-30T12:00:00Z", week, 72 * time.Hour},
+		{"working hours, hourly: the weekend counts", "0 9-17 * * 1-5", "2026-11-30T12:00:00Z", week, 64 * time.Hour},
+		{"hourly on working days, from a Wednesday: the weekend counts", "0 * * * 1-5", "2026-12-02T12:00:00Z", week, 49 * time.Hour},
+		{"weekly: the gap that crosses the span's end counts", "0 3 * * 0", "2026-11-30T12:00:00Z", time.Hour, 7 * 24 * time.Hour},
+		{"a span that ends before the second slot sees one gap", "0 0,6 * * *", "2026-11-30T12:00:00Z", 7 * time.Hour, 6 * time.Hour},
+		{"a span past the second slot sees the gap after it", "0 0,6 * * *", "2026-11-30T12:00:00Z", 19 * time.Hour, 18 * time.Hour},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Parse(tt.expr, "", at(tt.from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.LongestGap(at(tt.from), tt.span); got != tt.want {
+				t.Errorf("LongestGap = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}

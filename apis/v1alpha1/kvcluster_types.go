@@ -560,6 +560,9 @@ type BackupRecord struct {
 	// etcd of this minor version or later.
 	// +optional
 	EtcdVersion string `json:"etcdVersion,omitempty"`
+	// StartTime of the Job: with completionTime, how long the backup took.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
 	// CompletionTime of the Job.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`

@@ -181,6 +181,9 @@ func backupRecord(j Job) kvv1.BackupRecord {
 	rec := kvv1.BackupRecord{Job: j.Job.Name, Succeeded: j.Succeeded}
 	t := metav1.NewTime(j.FinishedAt.Truncate(time.Second))
 	rec.CompletionTime = &t
+	if j.Job.Status.StartTime != nil {
+		rec.StartTime = &metav1.Time{Time: j.Job.Status.StartTime.Truncate(time.Second)}
+	}
 	var res backup.Result
 	if j.Succeeded && json.Unmarshal([]byte(j.Report), &res) == nil {
 		rec.Location, rec.Size, rec.SHA256, rec.Revision, rec.EtcdVersion = res.Location, res.Size, res.SHA256, res.Revision, res.EtcdVersion

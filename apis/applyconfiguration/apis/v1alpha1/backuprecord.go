@@ -26,6 +26,8 @@ type BackupRecordApplyConfiguration struct {
 	// EtcdVersion is the snapshot's storage version (e.g. 3.7.0): a snapshot restores only into
 	// etcd of this minor version or later.
 	EtcdVersion *string `json:"etcdVersion,omitempty"`
+	// StartTime of the Job: with completionTime, how long the backup took.
+	StartTime *v1.Time `json:"startTime,omitempty"`
 	// CompletionTime of the Job.
 	CompletionTime *v1.Time `json:"completionTime,omitempty"`
 	// Pruned is how many older snapshots the retention deleted after this one was verified.
@@ -96,6 +98,14 @@ func (b *BackupRecordApplyConfiguration) WithRevision(value int64) *BackupRecord
 // If called multiple times, the EtcdVersion field is set to the value of the last call.
 func (b *BackupRecordApplyConfiguration) WithEtcdVersion(value string) *BackupRecordApplyConfiguration {
 	b.EtcdVersion = &value
+	return b
+}
+
+// WithStartTime sets the StartTime field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the StartTime field is set to the value of the last call.
+func (b *BackupRecordApplyConfiguration) WithStartTime(value v1.Time) *BackupRecordApplyConfiguration {
+	b.StartTime = &value
 	return b
 }
 
