@@ -53,7 +53,7 @@ tools: ## build (or reuse from the cache) every pinned binary the tests need
 
 .PHONY: tools-test
 tools-test: ## build (or reuse) what 'make test' needs
-	$(BUILD_TOOLS) envtest kubernetes coredns versitygw kube-router
+	$(BUILD_TOOLS) envtest kubernetes coredns versitygw prometheus kube-router
 
 .PHONY: envtest-assets
 envtest-assets:
@@ -98,10 +98,11 @@ run: ## the main job: the operator managing a sample 3-member KVCluster, on the 
 test: verify-generated vet test-unit e2e-local ## the whole suite: generated code, unit tests, envtest, e2e on the local cluster
 
 .PHONY: test-unit
-test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3
-	$(BUILD_TOOLS) versitygw
+test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3, alert rules with promtool
+	$(BUILD_TOOLS) versitygw prometheus
 	KVC_REQUIRE_TEST_BINARIES=1 KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
+	KVC_PROMETHEUS="$$($(BUILD_TOOLS) --print-dir prometheus)" \
 	  go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=10s
 
@@ -158,4 +159,5 @@ e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, create
 	docker build -t $(IMAGE) .
 	docker build -t kvcluster.io/versitygw:dev --build-arg VERSITYGW_VERSION=$(VERSITYGW_VERSION) -f e2e/s3.Dockerfile e2e
 	docker build -t kvcluster.io/writer:dev -f e2e/writer.Dockerfile .
+	docker build -t kvcluster.io/prometheus:dev --build-arg PROMETHEUS_VERSION=$(PROMETHEUS_VERSION) -f e2e/prometheus.Dockerfile e2e
 	PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) go test -tags e2e $(E2E_FLAGS) ./e2e/

@@ -48,6 +48,8 @@ type KVClusterReconciler struct {
 	// Workers is how many clusters are reconciled at once (one cluster is never reconciled twice
 	// at once): a cluster whose members answer slowly, or not at all, must not hold up the others.
 	Workers int
+
+	leaders leaderTracker
 }
 
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
@@ -95,6 +97,7 @@ func CacheOptions() cache.Options {
 func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var kvc kvv1.KVCluster
 	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
+		r.leaders.forget(req.NamespacedName)
 		// Gone without its finalizer (removed by hand): its guard would keep its members for ever.
 		return ctrl.Result{}, r.deleteGuard(ctx, req.Namespace, req.Name, "")
 	} else if err != nil {
@@ -102,7 +105,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	if !kvc.DeletionTimestamp.IsZero() {
 		// The final backup and deregistration run first; then the garbage collector removes the owned objects.
-		return r.finalize(ctx, &kvc)
+		return timeStep("finalize", func() (ctrl.Result, error) { return r.finalize(ctx, &kvc) })
 	}
 	if want, change := plan.FinalizerChange(&kvc); change {
 		if err := r.applyFinalizer(ctx, &kvc, want); err != nil {
@@ -110,11 +113,17 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 	}
 	now := r.Clock.Now()
-	obs, etcd, err := r.observe(ctx, &kvc)
+	var etcd members.Client
+	obs, err := timeStep("observe", func() (obs plan.Observation, err error) {
+		obs, etcd, err = r.observe(ctx, &kvc)
+		return obs, err
+	})
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	return r.act(ctx, &kvc, obs, plan.Make(&kvc, obs, now, r.planConfig()), now, etcd)
+	r.leaders.saw(&kvc, observedLeader(obs))
+	p, _ := timeStep("plan", func() (plan.Plan, error) { return plan.Make(&kvc, obs, now, r.planConfig()), nil })
+	return timeStep("act", func() (ctrl.Result, error) { return r.act(ctx, &kvc, obs, p, now, etcd) })
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when

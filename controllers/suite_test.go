@@ -440,8 +440,8 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 
 // restartOperator replaces the reconciler by a new one that remembers nothing.
 func (h *harness) restartOperator() {
-	r := *h.r
-	h.r = &r
+	h.r = &KVClusterReconciler{Client: h.r.Client, APIReader: h.r.APIReader, Recorder: h.r.Recorder, Members: h.r.Members,
+		Clock: h.r.Clock, EtcdRepository: h.r.EtcdRepository, BackupImage: h.r.BackupImage, Operator: h.r.Operator, Workers: h.r.Workers}
 }
 
 func (h *harness) reconcile(kvc *kvv1.KVCluster) ctrl.Result {

@@ -3,15 +3,12 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -37,8 +34,9 @@ const bucket = "backups"
 // s3Store is the versitygw in the test namespace, reached from the test through a port-forward
 // (which works on kind and on the local cluster alike).
 type s3Store struct {
-	client  *minio.Client
-	forward *exec.Cmd
+	client *minio.Client
+	// stop ends the port-forward.
+	stop func()
 }
 
 func startS3(ctx context.Context, t *testing.T, cfg *envconf.Config, ns string) *s3Store {
@@ -66,35 +64,17 @@ func startS3(ctx context.Context, t *testing.T, cfg *envconf.Config, ns string) 
 // connectS3 reaches the S3 store of namespace ns through a new port-forward (one dies with the API
 // server that carried it).
 func connectS3(cfg *envconf.Config, ns string) (*s3Store, error) {
-	cmd := exec.Command(envOr("KUBECTL", "kubectl"), "--kubeconfig", cfg.KubeconfigFile(), "-n", ns, "port-forward", "svc/s3", ":7070")
-	stdout, err := cmd.StdoutPipe()
+	addr, stop, err := portForward(cfg, ns, "svc/s3", 7070)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	m := regexp.MustCompile(`127\.0\.0\.1:(\d+)`).FindStringSubmatch(line)
-	if err != nil || m == nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return nil, fmt.Errorf("port-forward to the S3 store: %q %v", line, err)
-	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
-	client, err := minio.New("127.0.0.1:"+m[1], &minio.Options{
+	client, err := minio.New(addr, &minio.Options{
 		Creds: credentials.NewStaticV4("e2e-backups", "e2e-backups-secret", ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
 	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		stop()
 		return nil, err
 	}
-	return &s3Store{client: client, forward: cmd}, nil
-}
-
-func (s *s3Store) stop() {
-	_ = s.forward.Process.Kill()
-	_ = s.forward.Wait()
+	return &s3Store{client: client, stop: stop}, nil
 }
 
 // keys lists the objects whose keys start with prefix and end with suffix.
@@ -192,6 +172,11 @@ func TestBackups(t *testing.T) {
 			if got.Status.NextBackupTime == nil || !got.Status.NextBackupTime.After(got.Status.LastScheduledTime.Time) {
 				t.Errorf("nextBackupTime = %v, lastScheduledTime = %v", got.Status.NextBackupTime, got.Status.LastScheduledTime)
 			}
+			return ctx
+		}).
+		Assess("the operator's metrics say what the status says, to a scraper allowed to read them only", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			checkOperatorMetrics(ctx, t, cfg, kvc)
+			checkMemberMetrics(ctx, t, cfg, kvc.Namespace, kvc.Name+"-0")
 			return ctx
 		}).
 		Assess("deleting the KVCluster takes a final backup, deregisters, then everything goes", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/e2e-framework/klient/k8s"
 	"sigs.k8s.io/e2e-framework/klient/wait"
@@ -252,27 +251,13 @@ func TestDeletionKeepsTheData(t *testing.T) {
 }
 
 // lostFinalBackups reads kvcluster_final_backups_lost_total{reason="namespace_deleted"} from the
-// operator's metrics endpoint, through the API server's pod proxy.
+// operator's metrics endpoint, as a scraper holding the metrics reader role.
 func lostFinalBackups(ctx context.Context, t *testing.T, cfg *envconf.Config) float64 {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(cfg.Client().RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods, err := cs.CoreV1().Pods(operatorNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + operatorDeployment})
-	if err != nil || len(pods.Items) != 1 {
-		t.Fatalf("operator pods: %v %v", pods, err)
-	}
-	raw, err := cs.CoreV1().Pods(operatorNamespace).ProxyGet("http", pods.Items[0].Name, "8080", "/metrics", nil).DoRaw(ctx)
+	families, err := operatorReader(ctx, t, cfg, operatorNamespace)(ctx)
 	if err != nil {
 		t.Fatalf("operator metrics: %v", err)
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, `kvcluster_final_backups_lost_total{reason="namespace_deleted"} `); ok {
-			var f float64
-			_, _ = fmt.Sscan(v, &f)
-			return f
-		}
-	}
-	return 0
+	v, _ := sample(families, "kvcluster_final_backups_lost_total", map[string]string{"reason": "namespace_deleted"})
+	return v
 }

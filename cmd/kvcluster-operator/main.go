@@ -8,9 +8,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -23,6 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -38,7 +42,9 @@ func main() {
 		}
 	}
 	var (
-		metricsAddr    = flag.String("metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
+		metricsAddr    = flag.String("metrics-bind-address", ":8443", "address the metrics endpoint binds to; 0 disables it")
+		metricsSecure  = flag.Bool("metrics-secure", true, "serve metrics over HTTPS to clients the API server authenticates and authorizes (get on the non-resource URL /metrics); false: plain HTTP to anyone")
+		metricsCertDir = flag.String("metrics-cert-dir", "", "directory of the metrics endpoint's tls.crt and tls.key, reloaded when they change (default: a self-signed certificate made at start)")
 		probeAddr      = flag.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz probes bind to")
 		leaderElect    = flag.Bool("leader-elect", true, "elect a leader so that only one replica reconciles at a time")
 		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's own namespace)")
@@ -55,13 +61,18 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 
+	metricsServing, err := metricsOptions(*metricsAddr, *metricsSecure, *metricsCertDir)
+	if err != nil {
+		log.Error(err, "cannot serve metrics")
+		os.Exit(1)
+	}
 	scheme := runtime.NewScheme()
 	must(clientgoscheme.AddToScheme(scheme))
 	must(kvv1.AddToScheme(scheme))
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		Metrics:                 metricsServing,
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "kvcluster-operator.kvcluster.io",
@@ -100,6 +111,7 @@ func main() {
 		log.Error(err, "cannot set up the KVCluster controller")
 		os.Exit(1)
 	}
+	must(metrics.Registry.Register(controllers.NewClusterCollector(mgr.GetCache(), mgr.Elected())))
 	must(mgr.AddHealthzCheck("healthz", healthz.Ping))
 	must(mgr.AddReadyzCheck("readyz", healthz.Ping))
 	log.Info("starting manager", "etcdRepository", *etcdRepository, "leaderElection", *leaderElect)
@@ -107,6 +119,31 @@ func main() {
 		log.Error(err, "manager stopped with an error")
 		os.Exit(1)
 	}
+}
+
+// metricsOptions serve the operator's metrics. Secure (the default), over HTTPS to the clients
+// the API server authenticates (TokenReview) and authorizes (SubjectAccessReview) to get
+// /metrics, such as Prometheus with the kvcluster-metrics-reader ClusterRole; over HTTP/1.1 only,
+// as HTTP/2 adds attack surface (stream resets) that a scrape does not need.
+func metricsOptions(addr string, secure bool, certDir string) (metricsserver.Options, error) {
+	opts := metricsserver.Options{BindAddress: addr}
+	if !secure {
+		return opts, nil
+	}
+	// controller-runtime falls back to a self-signed certificate when the files are missing, which
+	// a scraper configured with the real CA would refuse: a certificate asked for must be there.
+	if certDir != "" {
+		for _, f := range []string{"tls.crt", "tls.key"} {
+			if _, err := os.Stat(filepath.Join(certDir, f)); err != nil {
+				return opts, fmt.Errorf("--metrics-cert-dir %s: %w", certDir, err)
+			}
+		}
+	}
+	opts.SecureServing = true
+	opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	opts.CertDir = certDir
+	opts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	return opts, nil
 }
 
 func must(err error) {

@@ -3,7 +3,8 @@
 # cache outside the repository keyed by component and version, so every clone reuses them.
 #
 #   build.sh [component ...]     components: kubernetes kube-apiserver kubectl ... etcd-3.6.16
-#                                etcd-3.7.3 coredns versitygw kube-router envtest all (default: all)
+#                                etcd-3.7.3 coredns versitygw prometheus kube-router envtest all
+#                                (default: all)
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
 # Versions come from versions.env. A binary is installed by an atomic rename only after it built,
@@ -28,6 +29,7 @@ bindir() {
     # tools/coredns picks the plugins: its files are part of the key, a full build is not it
     coredns) echo "$cache/coredns-$COREDNS_VERSION-$(cat "$here/tools/coredns/main.go" "$here/tools/coredns/go.sum" | sha256sum | cut -c1-12)/bin" ;;
     versitygw) echo "$cache/versitygw-$VERSITYGW_VERSION/bin" ;;
+    prometheus) echo "$cache/prometheus-$PROMETHEUS_VERSION/bin" ;;
     envtest) echo "$cache/envtest-$KUBERNETES_VERSION-etcd-v${ETCD_VERSIONS[-1]}/bin" ;;
     *) echo "unknown component $1" >&2; return 1 ;;
   esac
@@ -114,17 +116,20 @@ build_coredns() {
   log "built coredns in $((SECONDS - start))s"
 }
 
-# build_install builds a module that has no replace directives with go install.
+# build_install builds commands of a module that has no replace directives with go install (several
+# commands of one module version in one invocation, so they share compilation).
 build_install() {
-  local name=$1 pkg=$2 out; out=$(bindir "$name")
-  [ -x "$out/$(basename "${pkg%@*}")" ] && return 0
+  local name=$1 out pkg; shift; out=$(bindir "$name")
+  local missing=0
+  for pkg in "$@"; do [ -x "$out/$(basename "${pkg%@*}")" ] || missing=1; done
+  [ $missing -eq 0 ] && return 0
   mkdir -p "$out"
   local tmp; mktemp_in "$out"
-  log "building $pkg"
+  log "building $*"
   local start=$SECONDS
-  GOBIN=$tmp go install -ldflags "-s -w" "$pkg"
+  GOBIN=$tmp go install -ldflags "-s -w" "$@"
   mv -f "$tmp"/* "$out/"; rmdir "$tmp"
-  log "built $pkg in $((SECONDS - start))s"
+  log "built $* in $((SECONDS - start))s"
 }
 
 build() {
@@ -134,6 +139,7 @@ build() {
       build_kube "${KUBE_COMMANDS[@]}"
       build coredns
       build versitygw
+      build prometheus
       build kube-router ;;
     envtest)
       # KUBEBUILDER_ASSETS: one folder holding kube-apiserver and etcd (the newest one we build).
@@ -149,6 +155,9 @@ build() {
     etcd-*) build_etcd "${1#etcd-}" ;;
     coredns) build_coredns ;;
     versitygw) build_install versitygw "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" ;;
+    # promtool (the alert rules' unit tests) and the server (the e2e's alerts on a real cluster)
+    prometheus) build_install prometheus "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" \
+      "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" ;;
     *) echo "build.sh: unknown component '$1'" >&2; exit 2 ;;
   esac
 }
