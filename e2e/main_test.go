@@ -35,6 +35,7 @@ const (
 	operatorDeployment = "kvcluster-operator"
 	defaultImage       = "ghcr.io/kvcluster/kvcluster-operator:dev"
 	writerImage        = "kvcluster.io/writer:dev"
+	prometheusImage    = "kvcluster.io/prometheus:dev"
 )
 
 var (
@@ -61,6 +62,7 @@ func TestMain(m *testing.M) {
 			envfuncs.LoadImageToCluster(name, image),
 			envfuncs.LoadImageToCluster(name, "kvcluster.io/versitygw:dev"),
 			envfuncs.LoadImageToCluster(name, writerImage),
+			envfuncs.LoadImageToCluster(name, prometheusImage),
 		)
 		testenv.Finish(envfuncs.DestroyCluster(name))
 	} else if cfg.KubeconfigFile() == "" {

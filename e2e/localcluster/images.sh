@@ -32,6 +32,13 @@ if [ ! -f "$out/versitygw.tar" ] || [ "$gw" -nt "$out/versitygw.tar" ]; then
   "$imgpack" -tag kvcluster.io/versitygw:dev -out "$out/versitygw.tar" -file "$gw=/usr/local/bin/versitygw" \
     -entrypoint /usr/local/bin/versitygw -user 65532:65532
 fi
+# Prometheus runs the shipped alert rules against a real cluster in e2e.
+"$here/build.sh" prometheus
+prom=$("$here/build.sh" --print-dir prometheus)/prometheus
+if [ ! -f "$out/prometheus.tar" ] || [ "$prom" -nt "$out/prometheus.tar" ]; then
+  "$imgpack" -tag kvcluster.io/prometheus:dev -out "$out/prometheus.tar" -file "$prom=/bin/prometheus" \
+    -entrypoint /bin/prometheus -user 65532:65532
+fi
 # netcheck proves from inside a pod that the local cluster is isolated (local cluster only).
 (cd "$here/../.." && CGO_ENABLED=0 go build -o "$out/.netcheck" ./e2e/localcluster/netcheck)
 "$imgpack" -tag kvcluster.io/netcheck:dev -out "$out/netcheck.tar" -file "$out/.netcheck=/netcheck" -entrypoint /netcheck -user 65532:65532
