@@ -87,9 +87,9 @@ func (s Schedule) matches(t time.Time) bool {
 }
 
 // LongestGap is the longest time between two consecutive slots of the span after from (and the
-// gap that crosses its end): the interval a backup may be expected within. A span of more than a
-// week holds a weekend whatever the weekday from is. The slots looked at are bounded (every
-// minute for the span is 11,520 for 8 days).
+// gap that crosses its end): the interval a backup may be expected within. A span of a year holds
+// every pause of a schedule (a weekend, the days of a month without slots, months without any).
+// The slots looked at are bounded: 20,000 is nearly 14 days of a slot every minute.
 func (s Schedule) LongestGap(from time.Time, span time.Duration) time.Duration {
 	const maxSlots = 20000
 	var longest time.Duration

@@ -215,7 +215,8 @@ func TestASlotIsOnTheScheduledDayWhereDSTStartsAtMidnight(t *testing.T) {
 }
 
 // The longest gap is what "no backup for two intervals" is measured against: a schedule of
-// working days must count its weekend from any weekday, one of every minute must not be stretched.
+// working days must count its weekend from any weekday, one of some days or months its pause,
+// one of every minute must not be stretched.
 func TestLongestGap(t *testing.T) {
 	const week = 8 * 24 * time.Hour
 	tests := []struct {
@@ -230,6 +231,9 @@ func TestLongestGap(t *testing.T) {
 		{"working hours, hourly: the weekend counts", "0 9-17 * * 1-5", "2026-11-30T12:00:00Z", week, 64 * time.Hour},
 		{"hourly on working days, from a Wednesday: the weekend counts", "0 * * * 1-5", "2026-12-02T12:00:00Z", week, 49 * time.Hour},
 		{"weekly: the gap that crosses the span's end counts", "0 3 * * 0", "2026-11-30T12:00:00Z", time.Hour, 7 * 24 * time.Hour},
+		{"days 1-7 of each month, measured on the 10th: the pause to the next month counts", "0 3 1-7 * *", "2026-12-10T12:00:00Z", 366 * 24 * time.Hour, 25 * 24 * time.Hour},
+		{"daily in January to March, measured in December: the pause to next January counts", "0 3 * 1-3 *", "2026-12-10T12:00:00Z", 366 * 24 * time.Hour, 276 * 24 * time.Hour},
+		{"every minute for a year: bounded, and still a minute", "* * * * *", "2026-11-30T12:00:30Z", 366 * 24 * time.Hour, time.Minute},
 		{"a span that ends before the second slot sees one gap", "0 0,6 * * *", "2026-11-30T12:00:00Z", 7 * time.Hour, 6 * time.Hour},
 		{"a span past the second slot sees the gap after it", "0 0,6 * * *", "2026-11-30T12:00:00Z", 19 * time.Hour, 18 * time.Hour},
 	}

@@ -99,9 +99,9 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)
 		// Gone without its finalizer (removed by hand): its guard would keep its members for ever.
-		return ctrl.Result{}, r.deleteGuard(ctx, req.Namespace, req.Name, "")
+		return ctrl.Result{}, countError("load", r.deleteGuard(ctx, req.Namespace, req.Name, ""))
 	} else if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, countError("load", err)
 	}
 	if !kvc.DeletionTimestamp.IsZero() {
 		// The final backup and deregistration run first; then the garbage collector removes the owned objects.
@@ -109,7 +109,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	if want, change := plan.FinalizerChange(&kvc); change {
 		if err := r.applyFinalizer(ctx, &kvc, want); err != nil {
-			return ctrl.Result{}, err
+			return ctrl.Result{}, countError("load", err)
 		}
 	}
 	now := r.Clock.Now()

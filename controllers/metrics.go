@@ -42,7 +42,7 @@ var (
 	}, []string{"step"})
 	reconcileStepErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvcluster_reconcile_step_errors_total",
-		Help: "Reconciles that ended with an error, by the step that returned it (observe, act, finalize).",
+		Help: "Reconciles that ended with an error, by the step that returned it (load: reading the KVCluster, its finalizer, a leftover guard; observe; act; finalize).",
 	}, []string{"step"})
 )
 
@@ -52,6 +52,8 @@ func init() {
 	// dashboard shows 0 rather than nothing.
 	for _, step := range []string{"observe", "plan", "act", "finalize"} {
 		reconcileStepDuration.WithLabelValues(step)
+	}
+	for _, step := range []string{"load", "observe", "plan", "act", "finalize"} {
 		reconcileStepErrors.WithLabelValues(step)
 	}
 	for _, reason := range []string{"failed", "namespace_deleted", "skipped"} {
@@ -64,10 +66,15 @@ func timeStep[T any](step string, run func() (T, error)) (T, error) {
 	start := time.Now()
 	out, err := run()
 	reconcileStepDuration.WithLabelValues(step).Observe(time.Since(start).Seconds())
+	return out, countError(step, err)
+}
+
+// countError counts err, if any, as an error of a reconcile's step, and returns it.
+func countError(step string, err error) error {
 	if err != nil {
 		reconcileStepErrors.WithLabelValues(step).Inc()
 	}
-	return out, err
+	return err
 }
 
 // leaderTracker counts leader changes: it remembers each cluster's last leader in memory, not in
@@ -165,14 +172,18 @@ var (
 	quotaDesc          = desc("kvcluster_backend_quota_bytes", "The size a member's database may reach before etcd raises NOSPACE and refuses writes.")
 	lastBackupTimeDesc = desc("kvcluster_last_backup_timestamp_seconds", "When the last successful backup completed (status.lastBackupTime, Unix time).")
 	lastBackupOKDesc   = desc("kvcluster_last_backup_succeeded", "1 if the most recently finished backup succeeded, 0 if it failed.")
-	lastBackupSizeDesc = desc("kvcluster_last_backup_size_bytes", "Size of the most recent successful backup's snapshot.")
+	lastBackupSizeDesc = desc("kvcluster_last_backup_size_bytes", "Size of the most recently finished backup's snapshot; absent when that backup failed.")
 	lastBackupTookDesc = desc("kvcluster_last_backup_duration_seconds", "How long the most recently finished backup Job ran.")
 	nextBackupDesc     = desc("kvcluster_next_backup_timestamp_seconds", "The next slot of spec.backupSchedule (Unix time).")
-	intervalDesc       = desc("kvcluster_backup_interval_seconds", "The longest time between two slots of spec.backupSchedule (over its next 8 days); absent while backups are suspended.")
+	intervalDesc       = desc("kvcluster_backup_interval_seconds", "The longest time between two slots of spec.backupSchedule (over the next year); absent while backups are suspended.")
 	certExpiryDesc     = desc("kvcluster_certificate_expiry_timestamp_seconds", "When each of the cluster's TLS certificates (ca, server, peer, client) expires (Unix time).", "certificate")
 )
 
-var clusterDescs = []*prometheus.Desc{infoDesc, createdDesc, phaseDesc, conditionDesc, membersDesiredDesc, membersReadyDesc,
+// leadingDesc has no cluster labels: the one series says this replica leads, with or without
+// clusters, so that an alert can tell "no cluster" from "no operator scraped".
+var leadingDesc = prometheus.NewDesc("kvcluster_operator_leading", "1 on the elected operator replica, the one that exports the clusters' metrics (absent elsewhere).", nil, nil)
+
+var clusterDescs = []*prometheus.Desc{leadingDesc, infoDesc, createdDesc, phaseDesc, conditionDesc, membersDesiredDesc, membersReadyDesc,
 	votingDesc, votingHealthyDesc, learnersDesc, leaderPresentDesc, memberHealthyDesc, memberLeaderDesc, dbSizeDesc, dbInUseDesc,
 	alarmDesc, quotaDesc, lastBackupTimeDesc, lastBackupOKDesc, lastBackupSizeDesc, lastBackupTookDesc, nextBackupDesc, intervalDesc, certExpiryDesc}
 
@@ -188,6 +199,7 @@ func (c *ClusterCollector) Collect(ch chan<- prometheus.Metric) {
 	if !c.Leading() {
 		return
 	}
+	ch <- prometheus.MustNewConstMetric(leadingDesc, prometheus.GaugeValue, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	clusters, err := c.List(ctx)
@@ -279,11 +291,12 @@ func (c *ClusterCollector) collect(ch chan<- prometheus.Metric, kvc *kvv1.KVClus
 	}
 }
 
-// scheduleSpanMeasured is how far ahead a schedule's interval is measured: more than a week, so
-// that a schedule of working days counts its weekend whatever the day.
-const scheduleSpanMeasured = 8 * 24 * time.Hour
+// scheduleSpanMeasured is how far ahead a schedule's interval is measured: a year, so that a
+// schedule of working days counts its weekend, and one of some days of the month or some months
+// its longest pause, whatever the day the operator measured it on.
+const scheduleSpanMeasured = 366 * 24 * time.Hour
 
-// longestGap is the longest time between two slots of a schedule over its next 8 days, measured
+// longestGap is the longest time between two slots of a schedule over the next year, measured
 // once per schedule (a schedule's gaps do not change with time, but for a daylight saving hour).
 func (c *ClusterCollector) longestGap(schedule, timeZone string, now time.Time) (time.Duration, bool) {
 	key := timeZone + "\x00" + schedule

@@ -73,7 +73,7 @@ func TestClusterCollectorExportsTheStatus(t *testing.T) {
 # HELP kvcluster_backend_quota_bytes The size a member's database may reach before etcd raises NOSPACE and refuses writes.
 # TYPE kvcluster_backend_quota_bytes gauge
 kvcluster_backend_quota_bytes{name="orders",namespace="shop"} 2.147483648e+09
-# HELP kvcluster_backup_interval_seconds The longest time between two slots of spec.backupSchedule (over its next 8 days); absent while backups are suspended.
+# HELP kvcluster_backup_interval_seconds The longest time between two slots of spec.backupSchedule (over the next year); absent while backups are suspended.
 # TYPE kvcluster_backup_interval_seconds gauge
 kvcluster_backup_interval_seconds{name="orders",namespace="shop"} 21600
 # HELP kvcluster_certificate_expiry_timestamp_seconds When each of the cluster's TLS certificates (ca, server, peer, client) expires (Unix time).
@@ -138,6 +138,9 @@ kvcluster_members_voting_healthy{name="orders",namespace="shop"} 1
 # HELP kvcluster_next_backup_timestamp_seconds The next slot of spec.backupSchedule (Unix time).
 # TYPE kvcluster_next_backup_timestamp_seconds gauge
 kvcluster_next_backup_timestamp_seconds{name="orders",namespace="shop"} 1.7960616e+09
+# HELP kvcluster_operator_leading 1 on the elected operator replica, the one that exports the clusters' metrics (absent elsewhere).
+# TYPE kvcluster_operator_leading gauge
+kvcluster_operator_leading 1
 # HELP kvcluster_phase 1 for the cluster's phase (Creating, Ready, Upgrading, Failed), 0 for the others.
 # TYPE kvcluster_phase gauge
 kvcluster_phase{name="orders",namespace="shop",phase="Creating"} 0
@@ -169,6 +172,8 @@ func TestClusterCollectorExportsOnlyWhatIsKnown(t *testing.T) {
 		{"suspended backups: no interval, so no stale backup alert", staticCollector(true, suspended), "kvcluster_backup_interval_seconds", false},
 		{"a new cluster has its phase series", staticCollector(true, fresh), "kvcluster_phase", true},
 		{"a standby replica exports nothing", staticCollector(false, degradedCluster()), "kvcluster_info", false},
+		{"a standby replica does not say it leads", staticCollector(false, degradedCluster()), "kvcluster_operator_leading", false},
+		{"the leader says so without any cluster", staticCollector(true), "kvcluster_operator_leading", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
