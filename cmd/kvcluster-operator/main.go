@@ -53,6 +53,7 @@ func main() {
 		backupImage    = flag.String("backup-image", os.Getenv("OPERATOR_IMAGE"), "the operator's own image, which backup Jobs run (default: $OPERATOR_IMAGE)")
 		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE, else the service account's; none outside the cluster)")
 		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
+		pprofAddr      = flag.String("pprof-bind-address", "0", "address serving Go's profiles at /debug/pprof/ (e.g. 127.0.0.1:6060, for diagnosing CPU or memory use); 0 disables it")
 		workers        = flag.Int("max-concurrent-reconciles", 8, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others")
 	)
 	opts := zap.Options{Development: false}
@@ -74,6 +75,7 @@ func main() {
 		Scheme:                  scheme,
 		Metrics:                 metricsServing,
 		HealthProbeBindAddress:  *probeAddr,
+		PprofBindAddress:        *pprofAddr,
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "kvcluster-operator.kvcluster.io",
 		LeaderElectionNamespace: *leaderNS,
@@ -93,7 +95,7 @@ func main() {
 		Client:         mgr.GetClient(),
 		APIReader:      mgr.GetAPIReader(),
 		Recorder:       mgr.GetEventRecorder(specs.FieldManager),
-		Members:        members.EtcdClient{Timeout: *etcdTimeout},
+		Members:        members.EtcdClient{Timeout: *etcdTimeout, DialOptions: simulatedMembers()},
 		Clock:          clock.RealClock{},
 		EtcdRepository: *etcdRepository,
 		BackupImage:    *backupImage,

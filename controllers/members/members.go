@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // Member is one etcd member as the cluster reports it.
@@ -180,6 +181,9 @@ type EtcdClient struct {
 	Timeout time.Duration
 	// TLS is the client configuration for a cluster with TLS; nil for plaintext.
 	TLS *tls.Config
+	// DialOptions are added to every connection's (the fleet benchmark routes them to simulated
+	// members).
+	DialOptions []grpc.DialOption
 }
 
 // WithTLS returns a copy that speaks TLS with config.
@@ -269,6 +273,7 @@ func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.
 		Logger:             zap.NewNop(),
 		Context:            ctx,
 		MaxCallRecvMsgSize: maxResponseBytes,
+		DialOptions:        e.DialOptions,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to etcd at %s: %w", strings.Join(endpoints, ","), err)
