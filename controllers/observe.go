@@ -96,9 +96,14 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		return obs, etcd, nil
 	}
 	scheme := obs.ClientScheme(kvc)
-	cluster, err := etcd.Cluster(ctx, obs.ClientURLs(kvc), func(m members.Member) (string, bool) {
+	endpoints := obs.AskableURLs(kvc)
+	if len(endpoints) == 0 {
+		obs.EtcdErr = fmt.Errorf("no member's etcd container is running")
+		return obs, etcd, nil
+	}
+	cluster, err := etcd.Cluster(ctx, endpoints, func(m members.Member) (string, bool) {
 		ord, ok := plan.MemberOrdinal(kvc, m)
-		return specs.MemberClientURL(kvc, scheme, ord), ok
+		return specs.MemberClientURL(kvc, scheme, ord), ok && obs.Askable(ord)
 	})
 	if err != nil {
 		obs.EtcdErr = err
@@ -210,6 +215,7 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 		for _, cs := range pod.Status.ContainerStatuses {
 			if cs.Name == "etcd" {
 				info.Restarts = cs.RestartCount
+				info.Running = cs.State.Running != nil
 			}
 		}
 		obs.Pods[ord] = info

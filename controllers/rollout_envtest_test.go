@@ -115,7 +115,8 @@ func (s *memberSim) sync() {
 			h.t.Fatalf("create pod %s: %v", name, err)
 		}
 		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", Ready: true}}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", Ready: true,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
 		if err := h.client.Status().Update(ctx, pod); err != nil {
 			h.t.Fatal(err)
 		}

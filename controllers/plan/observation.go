@@ -91,6 +91,9 @@ type Pod struct {
 	UID         types.UID
 	Ready       bool
 	Terminating bool
+	// Running: its etcd container runs, so its member may answer. One being created, waiting to
+	// restart or exited cannot.
+	Running bool
 	// Outdated: the pod does not run the StatefulSet's current template (version, resources, …).
 	Outdated bool
 	// Created is when the pod was made.
@@ -232,6 +235,31 @@ func (o Observation) ClientURLs(kvc *kvv1.KVCluster) []string {
 		}
 	}
 	return urls
+}
+
+// AskableURLs are the members etcd is asked through: those whose etcd container runs in a pod
+// not being deleted. Asking one that cannot answer (starting, crash-looping, shutting down, gone)
+// costs the whole timeout, during which the worker reconciles no other cluster. Before any pod is
+// seen (the StatefulSet controller has not made them, or the cache has not caught up), every
+// member ClientURLs names.
+func (o Observation) AskableURLs(kvc *kvv1.KVCluster) []string {
+	if len(o.Pods) == 0 {
+		return o.ClientURLs(kvc)
+	}
+	scheme := o.ClientScheme(kvc)
+	var urls []string
+	for _, ord := range slices.Sorted(maps.Keys(o.Pods)) {
+		if o.Askable(ord) {
+			urls = append(urls, specs.MemberClientURL(kvc, scheme, ord))
+		}
+	}
+	return urls
+}
+
+// Askable reports whether the member with the given ordinal is among AskableURLs.
+func (o Observation) Askable(ordinal int) bool {
+	p, ok := o.Pods[ordinal]
+	return len(o.Pods) == 0 || ok && p.Running && !p.Terminating
 }
 
 // ClientScheme is how the operator, backup Jobs and applications reach the members now: the
