@@ -237,11 +237,12 @@ func (o Observation) ClientURLs(kvc *kvv1.KVCluster) []string {
 	return urls
 }
 
-// AskableURLs are the members etcd is asked through: those whose etcd container runs in a pod
-// not being deleted. Asking one that cannot answer (starting, crash-looping, shutting down, gone)
-// costs the whole timeout, during which the worker reconciles no other cluster. Before any pod is
-// seen (the StatefulSet controller has not made them, or the cache has not caught up), every
-// member ClientURLs names.
+// AskableURLs are the members etcd is asked through: those whose etcd container runs. Asking one
+// that cannot answer (being created, waiting to restart, exited) costs the whole timeout, during
+// which the worker reconciles no other cluster. A pod being deleted is still asked: its etcd
+// serves until it exits, and may be the leader (a pod evicted from a node that lost its kubelet
+// stays Terminating while its etcd leads). Before any pod is seen (the StatefulSet controller has
+// not made them, or the cache has not caught up), every member ClientURLs names.
 func (o Observation) AskableURLs(kvc *kvv1.KVCluster) []string {
 	if len(o.Pods) == 0 {
 		return o.ClientURLs(kvc)
@@ -259,7 +260,7 @@ func (o Observation) AskableURLs(kvc *kvv1.KVCluster) []string {
 // Askable reports whether the member with the given ordinal is among AskableURLs.
 func (o Observation) Askable(ordinal int) bool {
 	p, ok := o.Pods[ordinal]
-	return len(o.Pods) == 0 || ok && p.Running && !p.Terminating
+	return len(o.Pods) == 0 || ok && p.Running
 }
 
 // ClientScheme is how the operator, backup Jobs and applications reach the members now: the

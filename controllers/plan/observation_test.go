@@ -23,7 +23,8 @@ func TestOnlyMembersThatRunAreAsked(t *testing.T) {
 		{"no pod seen yet: every member", nil, []string{url(0), url(1), url(2)}},
 		{"all run", map[int]Pod{0: {Running: true}, 1: {Running: true}, 2: {Running: true}}, []string{url(0), url(1), url(2)}},
 		{"one restarting, one not created", map[int]Pod{0: {Running: true}, 1: {Running: false}}, []string{url(0)}},
-		{"one shutting down", map[int]Pod{0: {Running: true}, 1: {Running: true, Terminating: true}, 2: {Running: true}}, []string{url(0), url(2)}},
+		{"one being deleted, its etcd still running (it may lead)", map[int]Pod{0: {Running: true}, 1: {Running: true, Terminating: true}, 2: {Running: true}}, []string{url(0), url(1), url(2)}},
+		{"one being deleted, its etcd exited", map[int]Pod{0: {Running: true}, 1: {Terminating: true}, 2: {Running: true}}, []string{url(0), url(2)}},
 		{"a surplus member's pod runs", map[int]Pod{0: {Running: true}, 3: {Running: true}}, []string{url(0), url(3)}},
 		{"none runs yet", map[int]Pod{0: {}, 1: {}, 2: {}}, nil},
 	}
