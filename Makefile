@@ -53,7 +53,7 @@ tools: ## build (or reuse from the cache) every pinned binary the tests need
 
 .PHONY: tools-test
 tools-test: ## build (or reuse) what 'make test' needs
-	$(BUILD_TOOLS) envtest kubernetes coredns versitygw prometheus kube-router
+	$(BUILD_TOOLS) envtest kubernetes coredns versitygw prometheus kwok kube-router
 
 .PHONY: envtest-assets
 envtest-assets:
@@ -95,7 +95,7 @@ run: ## the main job: the operator managing a sample 3-member KVCluster, on the 
 ##@ Tests
 
 .PHONY: test
-test: verify-generated vet test-unit e2e-local ## the whole suite: generated code, unit tests, envtest, e2e on the local cluster
+test: verify-generated vet test-unit bench-scale-smoke e2e-local ## the whole suite: generated code, unit tests, envtest, the fleet benchmark at N=10, e2e on the local cluster
 
 .PHONY: test-unit
 test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3, alert rules with promtool
@@ -134,6 +134,20 @@ chaos: ## the whole life of a cluster, pass after pass, with the operator, membe
 bench: ## memory and speed of streaming backups into each store (B/op must not grow with the size)
 	$(BUILD_TOOLS) versitygw etcd-$(ETCD_VERSION)
 	KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" go test -run '^$$' -bench StorePut -benchtime 3x ./backup/
+
+# The fleet benchmark's sizes; it rewrites e2e/scale/BENCHMARKS.md.
+BENCH_SCALE_N ?= 10,100,1000
+BENCH_SCALE = $(BUILD_TOOLS) kubernetes etcd-$(ETCD_VERSION) kwok && \
+	KVC_KWOK="$$($(BUILD_TOOLS) --print-dir kwok)" KVC_KUBERNETES="$$($(BUILD_TOOLS) --print-dir kubernetes)" \
+	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" go run ./e2e/scale
+
+.PHONY: bench-scale
+bench-scale: ## the operator with BENCH_SCALE_N clusters on a simulated node (kwok): creation, idle, frozen members, upgrade, deletion; tables into e2e/scale/BENCHMARKS.md
+	$(BENCH_SCALE) -n $(BENCH_SCALE_N) -out e2e/scale/BENCHMARKS.md
+
+.PHONY: bench-scale-smoke
+bench-scale-smoke: ## the fleet benchmark with 10 clusters, failing on any cluster not Ready, upgraded or deleted, or an idle write
+	$(BENCH_SCALE) -n 10 -check
 
 .PHONY: bench-tls
 bench-tls: ## request latency through the client Service, plaintext and mutual TLS, on the local cluster (percentiles per put)

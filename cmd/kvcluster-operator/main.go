@@ -54,7 +54,7 @@ func main() {
 		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE, else the service account's; none outside the cluster)")
 		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
 		pprofAddr      = flag.String("pprof-bind-address", "0", "address serving Go's profiles at /debug/pprof/ (e.g. 127.0.0.1:6060, for diagnosing CPU or memory use); 0 disables it")
-		workers        = flag.Int("max-concurrent-reconciles", 8, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others")
+		workers        = flag.Int("max-concurrent-reconciles", 32, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others (a reconcile mostly waits on the API server and etcd)")
 	)
 	opts := zap.Options{Development: false}
 	opts.BindFlags(flag.CommandLine)

@@ -3,7 +3,7 @@
 # cache outside the repository keyed by component and version, so every clone reuses them.
 #
 #   build.sh [component ...]     components: kubernetes kube-apiserver kubectl ... etcd-3.6.16
-#                                etcd-3.7.3 coredns versitygw prometheus kube-router envtest all
+#                                etcd-3.7.3 coredns versitygw prometheus kwok kube-router envtest all
 #                                (default: all)
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
@@ -30,6 +30,7 @@ bindir() {
     coredns) echo "$cache/coredns-$COREDNS_VERSION-$(cat "$here/tools/coredns/main.go" "$here/tools/coredns/go.sum" | sha256sum | cut -c1-12)/bin" ;;
     versitygw) echo "$cache/versitygw-$VERSITYGW_VERSION/bin" ;;
     prometheus) echo "$cache/prometheus-$PROMETHEUS_VERSION/bin" ;;
+    kwok) echo "$cache/kwok-$KWOK_VERSION/bin" ;;
     envtest) echo "$cache/envtest-$KUBERNETES_VERSION-etcd-v${ETCD_VERSIONS[-1]}/bin" ;;
     *) echo "unknown component $1" >&2; return 1 ;;
   esac
@@ -140,6 +141,7 @@ build() {
       build coredns
       build versitygw
       build prometheus
+      build kwok
       build kube-router ;;
     envtest)
       # KUBEBUILDER_ASSETS: one folder holding kube-apiserver and etcd (the newest one we build).
@@ -158,6 +160,8 @@ build() {
     # promtool (the alert rules' unit tests) and the server (the e2e's alerts on a real cluster)
     prometheus) build_install prometheus "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" \
       "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" ;;
+    # kwok simulates the fleet benchmark's node; kwokctl starts its control plane from our binaries
+    kwok) build_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION" ;;
     *) echo "build.sh: unknown component '$1'" >&2; exit 2 ;;
   esac
 }

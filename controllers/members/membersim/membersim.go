@@ -48,8 +48,9 @@ const (
 
 // Sim is the simulated etcd of every KVCluster.
 type Sim struct {
-	// Pods reads the member pods and the clusters' membership ConfigMaps (a cache in the benchmark).
-	Pods client.Reader
+	// Pods reads the member pods and the clusters' membership ConfigMaps (a cache in the benchmark);
+	// Live, if set, the API server itself.
+	Pods, Live client.Reader
 
 	mu       sync.Mutex
 	clusters map[types.UID]*cluster // by the membership ConfigMap's UID: a new cluster under an old name starts afresh
@@ -244,19 +245,30 @@ type targetConn struct {
 func (c *targetConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 func (c *targetConn) RemoteAddr() net.Addr       { return c.t }
 
-// runningPod is the member's pod if it is Ready, not being deleted: only then does etcd run.
+// runningPod is the member's pod if its etcd runs: the pod is Ready (being deleted or not: etcd
+// serves until it exits, which on a simulated node is when the pod is gone). A pod the cache does
+// not show running is read again from the API server (Live): the operator may have seen it
+// become Ready first, and real etcd would already answer.
 func (s *Sim) runningPod(ctx context.Context, t target) (*corev1.Pod, error) {
+	key := client.ObjectKey{Namespace: t.cluster.Namespace, Name: t.member}
 	var pod corev1.Pod
-	if err := s.Pods.Get(ctx, client.ObjectKey{Namespace: t.cluster.Namespace, Name: t.member}, &pod); err != nil {
+	err := s.Pods.Get(ctx, key, &pod)
+	if (err != nil || !isReady(&pod)) && s.Live != nil {
+		err = s.Live.Get(ctx, key, &pod)
+	}
+	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "connection refused: pod %s: %v", t.member, err)
 	}
-	ready := slices.ContainsFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool {
-		return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
-	})
-	if !ready || pod.DeletionTimestamp != nil {
+	if !isReady(&pod) {
 		return nil, status.Errorf(codes.Unavailable, "connection refused: pod %s is not running", t.member)
 	}
 	return &pod, nil
+}
+
+func isReady(pod *corev1.Pod) bool {
+	return slices.ContainsFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool {
+		return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+	})
 }
 
 // call is one request: the member it reached, its cluster (locked until done) and its pod.

@@ -35,12 +35,14 @@ func main() {
 	root := flag.String("root", "", "directory holding the volumes")
 	node := flag.String("node", "", "name of the node the volumes are on")
 	class := flag.String("storage-class", "kvc-local", "StorageClass whose claims this provisions")
+	qps := flag.Float64("kube-api-qps", 20, "requests per second to the API server (the fleet benchmark binds thousands of claims)")
 	flag.Parse()
 	ctrl.SetLogger(zap.New())
 	cfg, err := ctrl.GetConfig() // --kubeconfig, registered by controller-runtime
 	if err != nil {
 		fail(err)
 	}
+	cfg.QPS, cfg.Burst = float32(*qps), int(2**qps)
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		fail(err)

@@ -1,0 +1,661 @@
+// Command scale is the fleet benchmark (`make bench-scale`): the real operator binary against a
+// Kubernetes control plane whose node is simulated by kwok, with N KVClusters created at once,
+// left alone, partly frozen, upgraded and deleted. Simulated pods run no etcd, so the operator is
+// built with the kvcsim tag, which sends its etcd connections to simulated members
+// (controllers/members/membersim) answering from the pods' state; everything else it does goes
+// through the API server as in production. It prints one table per scenario and, with -out,
+// writes them with how they were made to a markdown file.
+package main
+
+import (
+	"bytes"
+	"context"
+
+	"errors"
+	"flag"
+	"fmt"
+	"github.com/go-logr/logr"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/members/membersim"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+var scheme = k8sruntime.NewScheme()
+
+// The versions clusters are created on and upgraded to (the e2e's; the images are never pulled).
+const (
+	fromVersion = "3.6.16"
+	toVersion   = "3.7.3"
+)
+
+// tools are the cached binaries' folders (e2e/localcluster/build.sh --print-dir).
+type tools struct{ kwok, kubernetes, etcd string }
+
+func main() {
+	sizes := flag.String("n", "10,100,1000", "fleet sizes, comma-separated: each runs every scenario with a fresh operator")
+	steady := flag.Duration("steady", time.Minute, "how long the idle fleet is watched (the operator looks at a healthy cluster once a minute)")
+	frozenShare := flag.Float64("frozen", 0.1, "share of the clusters whose members are frozen while as many new clusters are created")
+	workers := flag.Int("workers", 0, "the operator's --max-concurrent-reconciles (0: its default)")
+	out := flag.String("out", "", "markdown file to write the tables to, with the machine and how to reproduce them")
+	check := flag.Bool("check", false, "exit 1 unless every cluster became Ready, upgraded and went, and the idle fleet made no write (the smoke run of make test)")
+	flag.Parse()
+	ctrllog.SetLogger(logr.Discard()) // the harness's watches log nothing worth reading
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		fail(err)
+	}
+	if err := kvv1.AddToScheme(scheme); err != nil {
+		fail(err)
+	}
+	if dir := os.Getenv("KVC_BENCH_LOGS"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			fail(err)
+		}
+	}
+	t := tools{kwok: os.Getenv("KVC_KWOK"), kubernetes: os.Getenv("KVC_KUBERNETES"), etcd: os.Getenv("KVC_ETCD_DIR")}
+	if t.kwok == "" || t.kubernetes == "" || t.etcd == "" {
+		fail(errors.New("KVC_KWOK, KVC_KUBERNETES and KVC_ETCD_DIR must name the cached binaries' folders (make bench-scale sets them)"))
+	}
+	var ns []int
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fail(fmt.Errorf("-n: %q is not a fleet size", s))
+		}
+		ns = append(ns, n)
+	}
+	results, err := run(t, ns, *steady, *frozenShare, *workers)
+	report := render(results, *steady, *frozenShare, *workers)
+	fmt.Print(report)
+	if err != nil {
+		fail(err)
+	}
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(document(report, *sizes, *workers)), 0o644); err != nil {
+			fail(err)
+		}
+	}
+	if *check {
+		for _, r := range results {
+			if problems := r.problems(); len(problems) > 0 {
+				fail(fmt.Errorf("N=%d: %s", r.n, strings.Join(problems, "; ")))
+			}
+		}
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench-scale:", err)
+	os.Exit(1)
+}
+
+// run brings up the control plane, the simulated members and the harness's watches once, then
+// runs the scenarios for each fleet size with a fresh operator.
+func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers int) ([]*result, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cacheDir, err := os.UserCacheDir()
+	if err != nil {
+		return nil, err
+	}
+	work := filepath.Join(cacheDir, "kvcluster-operator", "bench-scale")
+	if c := os.Getenv("KVC_CACHE"); c != "" {
+		work = filepath.Join(c, "bench-scale")
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return nil, err
+	}
+	defer func() { _ = os.RemoveAll(work) }()
+	fmt.Fprintf(os.Stderr, "bench-scale: building the operator (kvcsim) and the volume provisioner in %s\n", work)
+	for _, b := range [][]string{
+		{"build", "-tags", "kvcsim", "-o", filepath.Join(work, "kvcluster-operator"), "./cmd/kvcluster-operator"},
+		{"build", "-o", filepath.Join(work, "provisioner"), "./e2e/localcluster/provisioner"},
+	} {
+		if out, err := exec.Command("go", b...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go %s: %v\n%s", strings.Join(b, " "), err, out)
+		}
+	}
+	// kwokctl runs the control plane as processes of its own: an interrupted run must still stop
+	// them (and remove the work folder) rather than leave a cluster on the machine.
+	stopped := make(chan struct{})
+	defer close(stopped)
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	var cp *controlPlane
+	var cpMu sync.Mutex
+	go func() {
+		select {
+		case <-signals:
+			cpMu.Lock()
+			if cp != nil {
+				cp.stop(t)
+			}
+			_ = os.RemoveAll(work)
+			fmt.Fprintln(os.Stderr, "bench-scale: interrupted")
+			os.Exit(130)
+		case <-stopped:
+		}
+	}()
+	cpMu.Lock()
+	cp, err = startControlPlane(ctx, t, work)
+	cpMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		cpMu.Lock()
+		defer cpMu.Unlock()
+		cp.stop(t)
+	}()
+	defer keepLogs(work)
+
+	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
+	watched, err := cache.New(cp.cfg, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: owned, &corev1.ConfigMap{}: owned}})
+	if err != nil {
+		return nil, err
+	}
+	tl, err := watchTimeline(ctx, watched)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := watched.GetInformer(ctx, &corev1.ConfigMap{}); err != nil {
+		return nil, err
+	}
+	go func() { _ = watched.Start(ctx) }()
+	if !watched.WaitForCacheSync(ctx) {
+		return nil, errors.New("the harness's cache did not sync")
+	}
+	sim := &membersim.Sim{Pods: watched, Live: cp.c}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = l.Close() }()
+	go func() { _ = sim.Serve(l) }()
+
+	var results []*result
+	for _, n := range ns {
+		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}}
+		results = append(results, b.r)
+		op, err := startOperator(work, cp.kubeconfig, l.Addr().String(), workers)
+		if err != nil {
+			return results, err
+		}
+		b.op = op
+		err = b.scenarios(ctx, steady, frozenShare)
+		op.shutdown()
+		if err != nil {
+			return results, fmt.Errorf("N=%d: %w", n, err)
+		}
+	}
+	return results, nil
+}
+
+// keepLogs copies the logs of the operator, the provisioner, kwok and the controller manager into
+// KVC_BENCH_LOGS, when it is set (the idle operator's CPU profile goes there too).
+func keepLogs(work string) {
+	dir := os.Getenv("KVC_BENCH_LOGS")
+	if dir == "" {
+		return
+	}
+	logs := filepath.Join("kwok", "clusters", clusterName, "logs")
+	for _, f := range []string{"operator.log", "provisioner.log", filepath.Join(logs, "kwok-controller.log"), filepath.Join(logs, "kube-controller-manager.log")} {
+		if in, err := os.Open(filepath.Join(work, f)); err == nil {
+			if o, err := os.Create(filepath.Join(dir, filepath.Base(f))); err == nil {
+				_, _ = io.Copy(o, in)
+				_ = o.Close()
+			}
+			_ = in.Close()
+		}
+	}
+}
+
+// bench is one fleet size's run.
+type bench struct {
+	cp        *controlPlane
+	tl        *timeline
+	sim       *membersim.Sim
+	watched   cache.Cache
+	op        *operator
+	n         int
+	namespace string
+	r         *result
+}
+
+func (b *bench) names(prefix string, n int) []types.NamespacedName {
+	out := make([]types.NamespacedName, n)
+	for i := range out {
+		out[i] = types.NamespacedName{Namespace: b.namespace, Name: fmt.Sprintf("%s%04d", prefix, i)}
+	}
+	return out
+}
+
+// parallel runs f for every cluster, 32 at a time (a GitOps sync applies many objects at once).
+func parallel(clusters []types.NamespacedName, f func(types.NamespacedName) error) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	sem := make(chan struct{}, 32)
+	for _, c := range clusters {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := f(c); err != nil {
+				mu.Lock()
+				first = errors.Join(first, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+func (b *bench) create(ctx context.Context, clusters []types.NamespacedName) (map[types.NamespacedName]time.Time, error) {
+	var mu sync.Mutex
+	applied := map[types.NamespacedName]time.Time{}
+	err := parallel(clusters, func(c types.NamespacedName) error {
+		kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}, Spec: kvv1.KVClusterSpec{Version: fromVersion, Partitions: 3}}
+		if err := b.cp.c.Create(ctx, kvc); err != nil {
+			return err
+		}
+		mu.Lock()
+		applied[c] = time.Now()
+		mu.Unlock()
+		return nil
+	})
+	return applied, err
+}
+
+// overheads are, per cluster, the time from its pods all being Ready to its being Ready.
+func (b *bench) overheads(clusters []types.NamespacedName) []time.Duration {
+	var out []time.Duration
+	for _, c := range clusters {
+		if at, ok := b.tl.readyAt(c, fromVersion); ok {
+			out = append(out, max(0, at.Sub(b.tl.podsReadyAt(c))))
+		}
+	}
+	return out
+}
+
+func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare float64) error {
+	if err := b.cp.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.namespace}}); err != nil {
+		return err
+	}
+	fleet := b.names("kv", b.n)
+	r := b.r
+	log := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "bench-scale: N=%d: %s\n", b.n, fmt.Sprintf(format, args...))
+	}
+
+	// Creation: all N at once.
+	log("creating %d clusters", b.n)
+	start := time.Now()
+	if _, err := b.create(ctx, fleet); err != nil {
+		return err
+	}
+	r.create.notDone = waitAll(fleet, 2*time.Minute+time.Duration(b.n)*300*time.Millisecond, func(c types.NamespacedName) bool {
+		_, ok := b.tl.readyAt(c, fromVersion)
+		return ok
+	})
+	end := time.Now()
+	r.create.took = end.Sub(start)
+	r.create.each = summarize(b.overheads(fleet))
+	if err := b.measure(&r.create, start, end); err != nil {
+		return err
+	}
+	if r.create.notDone > 0 {
+		return fmt.Errorf("%d of %d clusters did not become Ready", r.create.notDone, b.n)
+	}
+
+	// Idle: nothing changes for a while.
+	log("watching the idle fleet for %s", steady)
+	time.Sleep(10 * time.Second) // creation's last status writes and events settle
+	b.op.setQuiet(true)
+	conns0, requests0 := b.sim.Stats()
+	start = time.Now()
+	if dir := os.Getenv("KVC_BENCH_LOGS"); dir != "" {
+		// Where the idle operator's CPU goes, for whoever reads the logs.
+		if err := b.op.profileCPU(steady, filepath.Join(dir, fmt.Sprintf("idle-cpu-%d.pprof", b.n))); err != nil {
+			return err
+		}
+	} else {
+		time.Sleep(steady)
+	}
+	end = time.Now()
+	b.op.setQuiet(false)
+	conns1, requests1 := b.sim.Stats()
+	r.steady.etcdConns, r.steady.etcdRequests = conns1-conns0, requests1-requests0
+	if err := b.measure(&r.steady, start, end); err != nil {
+		return err
+	}
+
+	// Frozen members: a share of the clusters stop answering (SIGSTOP); as many new clusters are
+	// created once the operator has run into every frozen one.
+	if frozen := int(frozenShare * float64(b.n)); frozen > 0 {
+		log("freezing %d clusters", frozen)
+		r.frozen.frozen = frozen
+		for _, c := range fleet[:frozen] {
+			b.sim.Freeze(c, true)
+		}
+		if left := waitAll(fleet[:frozen], 3*time.Minute, func(c types.NamespacedName) bool { return b.sim.Held(c) > 0 }); left > 0 {
+			return fmt.Errorf("the operator did not look at %d of the frozen clusters within 3 minutes", left)
+		}
+		probes := b.names("new", frozen)
+		start = time.Now()
+		if _, err := b.create(ctx, probes); err != nil {
+			return err
+		}
+		r.frozen.notDone = waitAll(probes, 2*time.Minute+time.Duration(frozen)*300*time.Millisecond, func(c types.NamespacedName) bool {
+			_, ok := b.tl.readyAt(c, fromVersion)
+			return ok
+		})
+		end = time.Now()
+		r.frozen.took = end.Sub(start)
+		r.frozen.each = summarize(b.overheads(probes))
+		if err := b.measure(&r.frozen, start, end); err != nil {
+			return err
+		}
+		for _, c := range fleet[:frozen] {
+			b.sim.Freeze(c, false)
+		}
+		fleet = append(fleet, probes...)
+		if r.frozen.notDone > 0 {
+			return fmt.Errorf("%d of %d clusters created beside frozen ones did not become Ready", r.frozen.notDone, frozen)
+		}
+		log("waiting for the thawed clusters")
+		if left := waitAll(fleet, 3*time.Minute, b.currentlyReady); left > 0 {
+			return fmt.Errorf("%d clusters not Ready 3 minutes after their members thawed", left)
+		}
+	}
+
+	// A version change on every cluster at once.
+	log("upgrading %d clusters to %s", len(fleet), toVersion)
+	patched := map[types.NamespacedName]time.Time{}
+	var mu sync.Mutex
+	start = time.Now()
+	if err := parallel(fleet, func(c types.NamespacedName) error {
+		kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}}
+		if err := b.cp.c.Patch(ctx, kvc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"version":"`+toVersion+`"}}`))); err != nil {
+			return err
+		}
+		mu.Lock()
+		patched[c] = time.Now()
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		return err
+	}
+	r.upgrade.notDone = waitAll(fleet, 3*time.Minute+time.Duration(len(fleet))*600*time.Millisecond, func(c types.NamespacedName) bool {
+		_, ok := b.tl.readyAt(c, toVersion)
+		return ok
+	})
+	end = time.Now()
+	r.upgrade.took = end.Sub(start)
+	var took []time.Duration
+	for c, at := range patched {
+		if ready, ok := b.tl.readyAt(c, toVersion); ok {
+			took = append(took, ready.Sub(at))
+		}
+	}
+	r.upgrade.each = summarize(took)
+	if err := b.measure(&r.upgrade, start, end); err != nil {
+		return err
+	}
+	r.upgrade.clusters = len(fleet)
+
+	// Deletion of every cluster at once.
+	log("deleting %d clusters", len(fleet))
+	deleted := map[types.NamespacedName]time.Time{}
+	start = time.Now()
+	if err := parallel(fleet, func(c types.NamespacedName) error {
+		kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}}
+		if err := b.cp.c.Delete(ctx, kvc); err != nil {
+			return err
+		}
+		mu.Lock()
+		deleted[c] = time.Now()
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		return err
+	}
+	r.delete.notDone = waitAll(fleet, 2*time.Minute+time.Duration(len(fleet))*200*time.Millisecond, func(c types.NamespacedName) bool {
+		_, ok := b.tl.goneAt(c)
+		return ok
+	})
+	end = time.Now()
+	r.delete.took = end.Sub(start)
+	took = took[:0]
+	for c, at := range deleted {
+		if gone, ok := b.tl.goneAt(c); ok {
+			took = append(took, gone.Sub(at))
+		}
+	}
+	r.delete.each = summarize(took)
+	r.delete.clusters = len(fleet)
+	if err := b.measure(&r.delete, start, end); err != nil {
+		return err
+	}
+	// The next fleet size starts once this one's objects are gone, not while the garbage
+	// collector and the provisioner still work through them on the same cores.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.namespace}}
+	if err := b.cp.c.Delete(ctx, ns); err != nil {
+		return err
+	}
+	if left := waitAll([]types.NamespacedName{{Name: b.namespace}}, 5*time.Minute, func(c types.NamespacedName) bool {
+		return apierrors.IsNotFound(b.cp.c.Get(ctx, c, &corev1.Namespace{}))
+	}); left > 0 {
+		return fmt.Errorf("namespace %s not gone 5 minutes after its deletion", b.namespace)
+	}
+	if r.upgrade.notDone > 0 || r.delete.notDone > 0 {
+		return fmt.Errorf("%d clusters did not finish the upgrade, %d were not deleted", r.upgrade.notDone, r.delete.notDone)
+	}
+	return nil
+}
+
+// currentlyReady reads the cluster's phase now (the timeline records only first times).
+func (b *bench) currentlyReady(c types.NamespacedName) bool {
+	var kvc kvv1.KVCluster
+	if err := b.watched.Get(context.Background(), c, &kvc); err != nil {
+		return false
+	}
+	return kvc.Status.Phase == kvv1.PhaseReady && kvc.Status.ReadyPartitions == kvc.Spec.Partitions
+}
+
+func (b *bench) measure(s *scenario, from, to time.Time) error {
+	s.window = to.Sub(from)
+	s.use = b.op.usage(from, to)
+	var err error
+	s.requests, err = operatorRequests(b.cp.auditLog(), from, to)
+	return err
+}
+
+// result is one fleet size's figures.
+type result struct {
+	n                               int
+	create, steady, frozen, upgrade scenario
+	delete                          scenario
+}
+
+type scenario struct {
+	window, took time.Duration
+	each         distribution
+	notDone      int
+	clusters     int
+	frozen       int
+	requests     requests
+	use          usage
+	// etcdConns and etcdRequests are what the simulated members served (idle fleet).
+	etcdConns, etcdRequests int64
+}
+
+// problems are what -check fails on: a functional failure, or writes by an idle fleet.
+func (r *result) problems() []string {
+	var p []string
+	// A count that is zero because nothing was counted must not pass for an idle operator.
+	if r.create.requests.writes() == 0 {
+		p = append(p, "no request of the operator's user agent in the audit log while it created the clusters")
+	}
+	if r.steady.etcdRequests == 0 {
+		p = append(p, "the simulated members answered no request while the fleet was idle")
+	}
+	if w := r.steady.requests.writes(); w > 0 {
+		p = append(p, fmt.Sprintf("the idle fleet made %d writes: %s", w, r.steady.requests.perCluster(1)))
+	}
+	return p
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+// render prints the tables.
+func render(results []*result, steady time.Duration, frozenShare float64, workers int) string {
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
+	w("### Creating N clusters at once (3 members each)\n\n")
+	w("| N | all Ready after | operator overhead per cluster p50 / p99 / max | API requests per cluster | operator CPU | peak RSS | queue depth max | mean queue wait |\n|---|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		c := r.create
+		w("| %d | %s | %s | %s | %.1f s | %s | %.0f | %s |\n", r.n, seconds(c.took), c.each, c.requests.perCluster(float64(r.n)), c.use.cpu, mib(c.use.peakRSS), c.use.maxDepth, seconds(c.use.meanWait))
+	}
+	w("\nOverhead: from the moment the last of a cluster's pods was Ready to the moment the cluster was (both as the harness's watches saw them).\n\n")
+	w("### Idle fleet (%s, after creation settled)\n\n", steady)
+	w("| N | API reads per cluster per minute | API writes per cluster per minute | leader election requests per minute | etcd connections per cluster per minute | etcd requests per cluster per minute | operator CPU per minute | RSS |\n|---|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		c := r.steady
+		minutes := c.window.Minutes()
+		per := float64(r.n) * minutes
+		w("| %d | %s | %s | %s | %s | %s | %.2f s | %s |\n", r.n, trim(float64(c.requests.reads())/per), trim(float64(c.requests.writes())/per), trim(float64(c.requests.leases)/minutes),
+			trim(float64(c.etcdConns)/per), trim(float64(c.etcdRequests)/per), c.use.cpu/minutes, mib(c.use.lastRSS))
+	}
+	w("\n### New clusters while %.0f %% of the fleet's members are frozen (SIGSTOP: connections accepted, never answered)\n\n", frozenShare*100)
+	w("| N | frozen clusters | new clusters: all Ready after | operator overhead per new cluster p50 / p99 / max | queue depth max | mean queue wait |\n|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		c := r.frozen
+		if c.frozen == 0 {
+			continue
+		}
+		w("| %d | %d | %s | %s | %.0f | %s |\n", r.n, c.frozen, seconds(c.took), c.each, c.use.maxDepth, seconds(c.use.meanWait))
+	}
+	w("\n### Version change (%s → %s) on every cluster at once: three members restarted one at a time each\n\n", fromVersion, toVersion)
+	w("| clusters | all upgraded after | per cluster p50 / p99 / max | API requests per cluster | operator CPU | peak RSS | queue depth max |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		c := r.upgrade
+		w("| %d | %s | %s | %s | %.1f s | %s | %.0f |\n", c.clusters, seconds(c.took), c.each, c.requests.perCluster(float64(max(c.clusters, 1))), c.use.cpu, mib(c.use.peakRSS), c.use.maxDepth)
+	}
+	for _, r := range results {
+		if c := r.upgrade.requests; c.simulatorPodDeletes > c.podDeletes {
+			w("\nN=%d: kwok deleted %d pods, the operator %d: kwok fell behind and deleted pods that had replaced restarted ones (by name), so this row overstates the operator's time.\n",
+				r.n, c.simulatorPodDeletes, c.podDeletes)
+		}
+	}
+	w("\n### Deleting every cluster at once\n\n")
+	w("Without a backup or a deregistration a cluster has no finalizer: the API server removes it at once and the garbage collector its objects, with nothing for the operator to do. This shows that it stays so; the final backup's cost is not measured here.\n\n")
+	w("| clusters | all gone after | per cluster p50 / p99 / max | API requests per cluster | operator CPU |\n|---|---|---|---|---|\n")
+	for _, r := range results {
+		c := r.delete
+		w("| %d | %s | %s | %s | %.1f s |\n", c.clusters, seconds(c.took), c.each, c.requests.perCluster(float64(max(c.clusters, 1))), c.use.cpu)
+	}
+	for _, r := range results {
+		for _, c := range []struct {
+			what string
+			s    scenario
+		}{{"became Ready", r.create}, {"created beside frozen ones became Ready", r.frozen}, {"upgraded", r.upgrade}, {"went", r.delete}} {
+			if c.s.notDone > 0 {
+				w("\n**N=%d: %d clusters never %s**: the figures above are those of the others.\n", r.n, c.s.notDone, c.what)
+			}
+		}
+	}
+	if workers > 0 {
+		w("\nOperator flags: the defaults but --max-concurrent-reconciles=%d.\n", workers)
+	} else {
+		w("\nOperator flags: the defaults.\n")
+	}
+	return s.String()
+}
+
+func document(report, sizes string, workers int) string {
+	withWorkers := "32 workers"
+	if workers > 0 {
+		withWorkers = fmt.Sprintf("%d workers (--max-concurrent-reconciles)", workers)
+	}
+	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if dirty, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); len(dirty) > 0 {
+		commit = append(bytes.TrimSpace(commit), " with uncommitted changes"...)
+	}
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
+		if len(f) >= 2 {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			mem = fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
+		}
+	}
+	return fmt.Sprintf(`# Fleet benchmark
+
+Generated by `+"`make bench-scale`"+` on %s (commit %s): %d CPUs (%s), %s RAM, %s/%s, %s.
+Fleet sizes: %s.
+
+## What runs
+
+- A Kubernetes v1.37 control plane (etcd, kube-apiserver, controller manager, scheduler) from the
+  project's cached binaries, started by kwokctl on 127.0.0.1, with one node simulated by kwok: pods
+  scheduled there become Ready without running anything. The local cluster's volume provisioner
+  binds the member claims.
+- The real operator binary, as a process, with its defaults (leader election, %s, 5 s etcd
+  timeout). It is built with the `+"`kvcsim`"+` tag, whose only difference is that its etcd
+  connections go to simulated members (`+"`controllers/members/membersim`"+`): a gRPC server speaking
+  etcd's API that answers from the member pods' state — a member answers while its pod is Ready,
+  reports its pod's image version, and the membership changes only through the operator's
+  requests. Everything else the operator does goes through the API server as in production.
+  The simulated members elect a leader at once, are always caught up and never refuse a
+  membership change for being too recent: creation and upgrade times leave out etcd's own
+  delays and are lower bounds for real members.
+- API requests are the operator's own (its user agent), counted from the API server's audit log;
+  CPU and RSS from /proc; the work queue's depth and wait from the operator's metrics, scraped every
+  second.
+
+## Reproduce
+
+    make tools          # once: builds kwok and the Kubernetes binaries into the cache
+    make bench-scale    # BENCH_SCALE_N=10,100,1000 by default; rewrites this file
+
+`+"`make test`"+` runs the same harness with N=10 as a smoke test.
+
+## Results
+
+%s`, time.Now().UTC().Format("2006-01-02"), strings.TrimSpace(string(commit)), runtime.NumCPU(), cpu, mem, runtime.GOOS, runtime.GOARCH, runtime.Version(), sizes, withWorkers, report)
+}

@@ -1,0 +1,311 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// operator is the real operator binary (built with the kvcsim tag: its etcd connections go to the
+// simulated members), run as a process against the control plane, sampled every second.
+type operator struct {
+	cmd     *exec.Cmd
+	metrics string // its /metrics URL (plain HTTP on loopback)
+	pprof   string // its /debug/pprof/ URL
+
+	mu      sync.Mutex
+	samples []sample
+	// quiet: sample /proc only, not the metrics endpoint, whose serving is work the operator would
+	// do once per Prometheus scrape (every 15–60 s), not every second.
+	quiet   bool
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+// sample is the operator at one moment: from /proc and its own metrics.
+type sample struct {
+	at  time.Time
+	rss int64   // bytes
+	cpu float64 // seconds, user + system, since start
+	// scraped: the metrics below were read (a quiet sample reads /proc only).
+	scraped    bool
+	queueDepth float64
+	// queueWaitSum and queueWaitCount are the work queue's histogram of how long an item waited
+	// before a worker took it: the sum of the waits (seconds) and their number.
+	queueWaitSum   float64
+	queueWaitCount uint64
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startOperator(work, kubeconfig, simulated string, workers int) (*operator, error) {
+	mport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	pport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(work, "kvcluster-operator"), "--kubeconfig", kubeconfig,
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport), "--metrics-secure=false",
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", pport), "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", dport),
+		"--leader-election-namespace", "default", "--backup-image", "kvcluster.io/operator:bench")
+	if workers > 0 {
+		cmd.Args = append(cmd.Args, "--max-concurrent-reconciles", strconv.Itoa(workers))
+	}
+	cmd.Env = append(os.Environ(), "KVC_SIMULATED_MEMBERS="+simulated)
+	log, err := os.OpenFile(filepath.Join(work, "operator.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	op := &operator{cmd: cmd, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", mport), pprof: fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", dport),
+		stop: make(chan struct{}), stopped: make(chan struct{})}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if s, err := op.sample(true); err == nil && s.scraped {
+			break
+		}
+		if time.Now().After(deadline) {
+			op.kill()
+			return nil, fmt.Errorf("the operator did not serve its work queue's metrics within a minute (see %s)", log.Name())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	go op.sampleEverySecond()
+	return op, nil
+}
+
+// profileCPU writes the operator's CPU profile over the next d to file (read it with go tool pprof).
+func (op *operator) profileCPU(d time.Duration, file string) error {
+	resp, err := http.Get(fmt.Sprintf("%sprofile?seconds=%d", op.pprof, int(d.Seconds())))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("CPU profile: %s", resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func (op *operator) kill() {
+	_ = op.cmd.Process.Kill()
+	_ = op.cmd.Wait()
+}
+
+func (op *operator) shutdown() {
+	close(op.stop)
+	<-op.stopped
+	op.kill()
+}
+
+func (op *operator) sampleEverySecond() {
+	defer close(op.stopped)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-op.stop:
+			return
+		case <-tick.C:
+			op.mu.Lock()
+			quiet := op.quiet
+			op.mu.Unlock()
+			if s, err := op.sample(!quiet); err == nil {
+				op.mu.Lock()
+				op.samples = append(op.samples, s)
+				op.mu.Unlock()
+			}
+		}
+	}
+}
+
+// clockTicks is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// setQuiet stops (true) or resumes scraping the operator's metrics every second.
+func (op *operator) setQuiet(quiet bool) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	op.quiet = quiet
+}
+
+func (op *operator) sample(scrape bool) (sample, error) {
+	s := sample{at: time.Now()}
+	pid := op.cmd.Process.Pid
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, err
+	}
+	// Fields after the command (which may hold spaces) start at state: utime and stime are the
+	// 14th and 15th fields of the whole line.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+	utime, _ := strconv.ParseFloat(fields[11], 64)
+	stime, _ := strconv.ParseFloat(fields[12], 64)
+	s.cpu = (utime + stime) / clockTicks
+	status, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	sc := bufio.NewScanner(status)
+	for sc.Scan() {
+		if kb, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			v, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")), 10, 64)
+			s.rss = v << 10
+		}
+	}
+	_ = status.Close()
+	if !scrape {
+		return s, nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, op.metrics, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return s, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return s, err
+	}
+	s.queueDepth = gauge(families["workqueue_depth"])
+	if h := histogram(families["workqueue_queue_duration_seconds"]); h != nil {
+		s.scraped, s.queueWaitSum, s.queueWaitCount = true, h.GetSampleSum(), h.GetSampleCount()
+	}
+	return s, nil
+}
+
+// kvclusterQueue picks the KVCluster controller's series of a work queue metric.
+func kvclusterQueue(f *dto.MetricFamily) *dto.Metric {
+	if f == nil {
+		return nil
+	}
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "name" && l.GetValue() == "kvcluster" {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+func gauge(f *dto.MetricFamily) float64 {
+	if m := kvclusterQueue(f); m != nil {
+		return m.GetGauge().GetValue()
+	}
+	return 0
+}
+
+func histogram(f *dto.MetricFamily) *dto.Histogram {
+	if m := kvclusterQueue(f); m != nil {
+		return m.GetHistogram()
+	}
+	return nil
+}
+
+// usage is what the operator used between two moments.
+type usage struct {
+	cpu              float64 // seconds
+	peakRSS, lastRSS int64
+	maxDepth         float64
+	// meanWait is how long an item queued in the window waited for a worker, on average (the
+	// histogram's buckets are powers of ten: too coarse for a percentile).
+	meanWait time.Duration
+}
+
+// window is the samples that bound [from, to] (the last one before from, else the first after
+// it, through the last one before to) and those within it.
+func window(samples []*sample, from, to time.Time) (first, last *sample, within []*sample) {
+	for _, s := range samples {
+		switch {
+		case s.at.Before(from):
+			first = s
+		case s.at.After(to):
+			return first, last, within
+		default:
+			if first == nil {
+				first = s
+			}
+			last = s
+			within = append(within, s)
+		}
+	}
+	return first, last, within
+}
+
+func (op *operator) usage(from, to time.Time) usage {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	var all, scraped []*sample
+	for i := range op.samples {
+		all = append(all, &op.samples[i])
+		if op.samples[i].scraped {
+			scraped = append(scraped, &op.samples[i])
+		}
+	}
+	var u usage
+	first, last, within := window(all, from, to)
+	if first == nil || last == nil {
+		return u
+	}
+	u.cpu, u.lastRSS = last.cpu-first.cpu, last.rss
+	for _, s := range within {
+		u.peakRSS = max(u.peakRSS, s.rss)
+	}
+	first, last, within = window(scraped, from, to)
+	if first == nil || last == nil {
+		return u
+	}
+	for _, s := range within {
+		u.maxDepth = max(u.maxDepth, s.queueDepth)
+	}
+	if n := last.queueWaitCount - first.queueWaitCount; n > 0 {
+		u.meanWait = time.Duration((last.queueWaitSum - first.queueWaitSum) / float64(n) * float64(time.Second))
+	}
+	return u
+}
