@@ -254,41 +254,49 @@ func (b *bench) names(prefix string, n int) []types.NamespacedName {
 	return out
 }
 
-// parallel runs f for every cluster, 32 at a time (a GitOps sync applies many objects at once).
-func parallel(clusters []types.NamespacedName, f func(types.NamespacedName) error) error {
+// applyEach sends one request per cluster, 32 at a time (as a GitOps sync applies many objects at
+// once), and returns when each was answered.
+func applyEach(clusters []types.NamespacedName, request func(kvc *kvv1.KVCluster) error) (map[types.NamespacedName]time.Time, error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var first error
+	var errs error
+	sent := map[types.NamespacedName]time.Time{}
 	sem := make(chan struct{}, 32)
 	for _, c := range clusters {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := f(c); err != nil {
-				mu.Lock()
-				first = errors.Join(first, err)
-				mu.Unlock()
+			err := request(&kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = errors.Join(errs, err)
+				return
 			}
+			sent[c] = time.Now()
 		})
 	}
 	wg.Wait()
-	return first
+	return sent, errs
 }
 
-func (b *bench) create(ctx context.Context, clusters []types.NamespacedName) (map[types.NamespacedName]time.Time, error) {
-	var mu sync.Mutex
-	applied := map[types.NamespacedName]time.Time{}
-	err := parallel(clusters, func(c types.NamespacedName) error {
-		kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}, Spec: kvv1.KVClusterSpec{Version: fromVersion, Partitions: 3}}
-		if err := b.cp.c.Create(ctx, kvc); err != nil {
-			return err
-		}
-		mu.Lock()
-		applied[c] = time.Now()
-		mu.Unlock()
-		return nil
+func (b *bench) create(ctx context.Context, clusters []types.NamespacedName) error {
+	_, err := applyEach(clusters, func(kvc *kvv1.KVCluster) error {
+		kvc.Spec = kvv1.KVClusterSpec{Version: fromVersion, Partitions: 3}
+		return b.cp.c.Create(ctx, kvc)
 	})
-	return applied, err
+	return err
+}
+
+// since is, for each cluster that finished, the time from its start to the end finished reports.
+func since(started map[types.NamespacedName]time.Time, finished func(types.NamespacedName) (time.Time, bool)) []time.Duration {
+	var out []time.Duration
+	for c, at := range started {
+		if end, ok := finished(c); ok {
+			out = append(out, end.Sub(at))
+		}
+	}
+	return out
 }
 
 // overheads are, per cluster, the time from its pods all being Ready to its being Ready.
@@ -315,7 +323,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	// Creation: all N at once.
 	log("creating %d clusters", b.n)
 	start := time.Now()
-	if _, err := b.create(ctx, fleet); err != nil {
+	if err := b.create(ctx, fleet); err != nil {
 		return err
 	}
 	r.create.notDone = waitAll(fleet, 2*time.Minute+time.Duration(b.n)*300*time.Millisecond, func(c types.NamespacedName) bool {
@@ -367,7 +375,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 		}
 		probes := b.names("new", frozen)
 		start = time.Now()
-		if _, err := b.create(ctx, probes); err != nil {
+		if err := b.create(ctx, probes); err != nil {
 			return err
 		}
 		r.frozen.notDone = waitAll(probes, 2*time.Minute+time.Duration(frozen)*300*time.Millisecond, func(c types.NamespacedName) bool {
@@ -395,19 +403,11 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 
 	// A version change on every cluster at once.
 	log("upgrading %d clusters to %s", len(fleet), toVersion)
-	patched := map[types.NamespacedName]time.Time{}
-	var mu sync.Mutex
 	start = time.Now()
-	if err := parallel(fleet, func(c types.NamespacedName) error {
-		kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}}
-		if err := b.cp.c.Patch(ctx, kvc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"version":"`+toVersion+`"}}`))); err != nil {
-			return err
-		}
-		mu.Lock()
-		patched[c] = time.Now()
-		mu.Unlock()
-		return nil
-	}); err != nil {
+	patched, err := applyEach(fleet, func(kvc *kvv1.KVCluster) error {
+		return b.cp.c.Patch(ctx, kvc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"version":"`+toVersion+`"}}`)))
+	})
+	if err != nil {
 		return err
 	}
 	r.upgrade.notDone = waitAll(fleet, 3*time.Minute+time.Duration(len(fleet))*600*time.Millisecond, func(c types.NamespacedName) bool {
@@ -416,13 +416,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	})
 	end = time.Now()
 	r.upgrade.took = end.Sub(start)
-	var took []time.Duration
-	for c, at := range patched {
-		if ready, ok := b.tl.readyAt(c, toVersion); ok {
-			took = append(took, ready.Sub(at))
-		}
-	}
-	r.upgrade.each = summarize(took)
+	r.upgrade.each = summarize(since(patched, func(c types.NamespacedName) (time.Time, bool) { return b.tl.readyAt(c, toVersion) }))
 	if err := b.measure(&r.upgrade, start, end); err != nil {
 		return err
 	}
@@ -430,18 +424,9 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 
 	// Deletion of every cluster at once.
 	log("deleting %d clusters", len(fleet))
-	deleted := map[types.NamespacedName]time.Time{}
 	start = time.Now()
-	if err := parallel(fleet, func(c types.NamespacedName) error {
-		kvc := &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}}
-		if err := b.cp.c.Delete(ctx, kvc); err != nil {
-			return err
-		}
-		mu.Lock()
-		deleted[c] = time.Now()
-		mu.Unlock()
-		return nil
-	}); err != nil {
+	deleted, err := applyEach(fleet, func(kvc *kvv1.KVCluster) error { return b.cp.c.Delete(ctx, kvc) })
+	if err != nil {
 		return err
 	}
 	r.delete.notDone = waitAll(fleet, 2*time.Minute+time.Duration(len(fleet))*200*time.Millisecond, func(c types.NamespacedName) bool {
@@ -450,13 +435,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	})
 	end = time.Now()
 	r.delete.took = end.Sub(start)
-	took = took[:0]
-	for c, at := range deleted {
-		if gone, ok := b.tl.goneAt(c); ok {
-			took = append(took, gone.Sub(at))
-		}
-	}
-	r.delete.each = summarize(took)
+	r.delete.each = summarize(since(deleted, b.tl.goneAt))
 	r.delete.clusters = len(fleet)
 	if err := b.measure(&r.delete, start, end); err != nil {
 		return err
@@ -569,7 +548,7 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 	}
 	for _, r := range results {
 		if c := r.upgrade.requests; c.simulatorPodDeletes > c.podDeletes {
-			w("\nN=%d: kwok deleted %d pods, the operator %d: kwok fell behind and deleted pods that had replaced restarted ones (by name), so this row overstates the operator's time.\n",
+			w("\nN=%d: kwok deleted %d pods, the operator %d: kwok ends each deletion the operator starts, so the others were its own (a late deletion by name hits the pod that replaced a restarted one); this row may overstate the operator's time.\n",
 				r.n, c.simulatorPodDeletes, c.podDeletes)
 		}
 	}
