@@ -216,6 +216,43 @@ func (h *harness) formedCluster(kvc *kvv1.KVCluster, version string) *memberSim 
 	return sim
 }
 
+// A member whose etcd container does not run cannot answer: etcd is neither queried through it
+// nor asked for its status, which would cost the reconcile (and the worker every other cluster
+// shares) the whole timeout.
+func TestOnlyMembersWhoseEtcdRunsAreAsked(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("askable")
+	kvc := newKVCluster(ns, "kv", 3)
+	h.formedCluster(kvc, "3.7.3")
+	asked := func() (at, status []string) {
+		h.members.mu.Lock()
+		defer h.members.mu.Unlock()
+		return h.members.askedAt, h.members.statusOf
+	}
+	h.reconcile(kvc)
+	if at, status := asked(); len(at) != 3 || len(status) != 3 {
+		t.Fatalf("every member runs: asked through %v, status of %v; want all three", at, status)
+	}
+
+	var pod corev1.Pod
+	h.get(&pod, ns, "kv-1")
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", RestartCount: 3,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}
+	if err := h.client.Status().Update(ctx, &pod); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	at, status := asked()
+	if want := []string{specs.MemberClientURL(kvc, "http", 0), specs.MemberClientURL(kvc, "http", 2)}; !slices.Equal(at, want) {
+		t.Errorf("kv-1 crash-looping: asked through %v, want %v", at, want)
+	}
+	if !slices.Equal(status, []string{"kv-0", "kv-2"}) {
+		t.Errorf("kv-1 crash-looping: status of %v, want kv-0 and kv-2", status)
+	}
+}
+
 func (h *harness) setSpec(kvc *kvv1.KVCluster, change func(*kvv1.KVCluster)) {
 	h.t.Helper()
 	k := h.fresh(kvc)

@@ -188,6 +188,9 @@ type fakeMembers struct {
 	// in use in each member's database, which shows only once it is defragmented (as on a
 	// member that commits no write after the compaction).
 	compacted, liveBytes int64
+	// askedAt are the endpoints the last Cluster query went through; statusOf the members urlOf
+	// would have sent a status request to.
+	askedAt, statusOf []string
 }
 
 func (f *fakeMembers) record(format string, args ...any) {
@@ -364,9 +367,15 @@ func (f *fakeMembers) set(c members.Cluster, err error) {
 // WithTLS: the fake stands for every cluster, with or without TLS.
 func (f *fakeMembers) WithTLS(*tls.Config) members.Client { return withCertificate{f} }
 
-func (f *fakeMembers) Cluster(context.Context, []string, func(members.Member) (string, bool)) (members.Cluster, error) {
+func (f *fakeMembers) Cluster(_ context.Context, endpoints []string, urlOf func(members.Member) (string, bool)) (members.Cluster, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.askedAt, f.statusOf = slices.Clone(endpoints), nil
+	for _, m := range f.cluster.Members {
+		if _, ok := urlOf(m); ok {
+			f.statusOf = append(f.statusOf, m.Name)
+		}
+	}
 	c := f.cluster
 	c.Members = slices.Clone(c.Members)
 	return c, f.err
