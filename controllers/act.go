@@ -22,6 +22,7 @@ import (
 	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	kvv1ac "github.com/kvcluster/kvcluster-operator/apis/applyconfiguration/apis/v1alpha1"
@@ -90,11 +91,15 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 		log.FromContext(ctx).Info("phase changed", "from", kvc.Status.Phase, "to", p.Status.Phase, "reason", p.Reason, "message", p.Message)
 	}
 	r.record(kvc, p.Events...)
-	requeue := p.RequeueAfter
+	requeue, priority := p.RequeueAfter, 0
 	if acted { // a membership change shows in etcd at once; apply what follows from it soon
 		requeue = min(requeue, time.Second)
+	} else if p.OnlyLooksAgain {
+		priority = handler.LowPriority
 	}
-	return ctrl.Result{RequeueAfter: requeue}, applyErr
+	// The priority is always given: a reconcile that was itself a poll would otherwise pass its
+	// low priority on to the step it just took.
+	return ctrl.Result{RequeueAfter: requeue, Priority: &priority}, applyErr
 }
 
 func (r *KVClusterReconciler) planConfig() plan.Config {

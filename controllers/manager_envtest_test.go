@@ -53,9 +53,40 @@ func (m *hangingMembers) Cluster(ctx context.Context, endpoints []string, _ func
 	return members.Cluster{}, errNoQuorum
 }
 
+// frozenMembers stands in for clusters whose members take every request and answer none: a
+// request through the client URL of one in frozen waits until the test releases one, and asked
+// names its cluster.
+type frozenMembers struct {
+	fakeMembers
+	frozen  map[string]string // client URL → cluster name
+	asked   chan string
+	release chan struct{}
+}
+
+func (m *frozenMembers) WithTLS(*tls.Config) members.Client { return m }
+
+func (m *frozenMembers) Cluster(ctx context.Context, endpoints []string, _ func(members.Member) (string, bool)) (members.Cluster, error) {
+	for _, e := range endpoints {
+		if name, ok := m.frozen[e]; ok {
+			select {
+			case m.asked <- name:
+			case <-ctx.Done():
+				return members.Cluster{}, ctx.Err()
+			}
+			select {
+			case <-m.release:
+			case <-ctx.Done():
+			}
+		}
+	}
+	return members.Cluster{}, errNoQuorum
+}
+
 // startManager runs the reconciler in a real manager, with the cache configured as the operator
 // binary configures it, as the operator's ServiceAccount.
-func startManager(t *testing.T, etcd members.Client) {
+func startManager(t *testing.T, etcd members.Client) { startManagerWith(t, etcd, 8) }
+
+func startManagerWith(t *testing.T, etcd members.Client, workers int) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(operatorConfig, ctrl.Options{
 		Scheme:                 scheme,
@@ -70,7 +101,7 @@ func startManager(t *testing.T, etcd members.Client) {
 		t.Fatal(err)
 	}
 	r := &KVClusterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(specs.FieldManager),
-		Members: etcd, Clock: clock.RealClock{}, BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test", Workers: 8}
+		Members: etcd, Clock: clock.RealClock{}, BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test", Workers: workers}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +146,68 @@ func TestOneHangingClusterDoesNotHoldUpTheOthers(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); h.fresh(other).Status.Phase != kvv1.PhaseCreating; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("while one cluster's reconcile hangs on its members, another cluster got no status")
+		}
+	}
+}
+
+// TestLookingAgainWaitsBehindNews: a cluster whose members do not answer is looked at again every
+// few seconds, and each look holds a worker for the whole etcd timeout. With more such clusters
+// than workers their looks would fill the queue ahead of everything else; they wait behind every
+// cluster a watch event woke instead. With one worker: while it waits on one frozen cluster, the
+// other's next look falls due and a new cluster is created; the new cluster goes first.
+func TestLookingAgainWaitsBehindNews(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("priority")
+	frozen := []*kvv1.KVCluster{newKVCluster(ns, "frozen-a", 1), newKVCluster(ns, "frozen-b", 1)}
+	etcd := &frozenMembers{frozen: map[string]string{}, asked: make(chan string), release: make(chan struct{})}
+	for _, kvc := range frozen {
+		etcd.frozen[specs.MemberClientURL(kvc, "http", 0)] = kvc.Name
+	}
+	startManagerWith(t, etcd, 1)
+	nextAsked := func() string {
+		t.Helper()
+		select {
+		case name := <-etcd.asked:
+			return name
+		case <-time.After(30 * time.Second):
+			t.Fatal("the frozen clusters were not asked about")
+			return ""
+		}
+	}
+
+	// Both frozen clusters are asked about once, and get no answer at once.
+	for _, kvc := range frozen {
+		h.create(kvc)
+		eventually(t, "no StatefulSet for "+kvc.Name, func() bool {
+			return h.client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &appsv1.StatefulSet{}) == nil
+		})
+	}
+	for _, kvc := range frozen {
+		h.setMembersReady(kvc, 1)
+	}
+	asked := map[string]bool{}
+	for len(asked) < 2 {
+		asked[nextAsked()] = true
+		etcd.release <- struct{}{}
+	}
+	// The next look is held: the one worker waits on it while the other frozen cluster's next look
+	// falls due (5 s after its last) and a new cluster is created.
+	held := nextAsked()
+	time.Sleep(6 * time.Second)
+	news := newKVCluster(ns, "news", 1)
+	h.create(news)
+	time.Sleep(2 * time.Second) // its creation reaches the queue
+	etcd.release <- struct{}{}
+	for deadline := time.Now().Add(20 * time.Second); h.fresh(news).Status.Phase == ""; {
+		select {
+		case name := <-etcd.asked:
+			if h.fresh(news).Status.Phase == "" {
+				t.Fatalf("after %s, %s was looked at again before the new cluster got its first status", held, name)
+			}
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new cluster got no status")
 		}
 	}
 }

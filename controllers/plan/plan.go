@@ -54,6 +54,12 @@ type Plan struct {
 	Events []Event
 	// RequeueAfter is when to look again if nothing else triggers a reconcile.
 	RequeueAfter time.Duration
+	// OnlyLooksAgain: the requeue carries nothing forward. The cluster is settled (Ready or Failed,
+	// no space to free), or etcd did not answer, and what would change that shows as a watch event
+	// first. Such a reconcile waits in the work queue behind every cluster a watch event woke:
+	// looking at an unreachable cluster holds a worker for the whole etcd timeout, and a fleet of
+	// them must not delay a change anywhere else.
+	OnlyLooksAgain bool
 }
 
 // Children are what the objects the cluster owns are built from (see specs). The deletion
@@ -146,12 +152,15 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(st, quota), now)
 	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, p.FreeSpace, now)...)
 	events = append(events, defragmentationScheduleProblem(kvc, now)...)
-	if meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionSpacePressure) {
+	spacePressure := meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionSpacePressure)
+	if spacePressure {
 		// Near the quota a database may reach it within the minute a healthy cluster is polled at.
 		p.RequeueAfter = min(p.RequeueAfter, pollWhileProgressing)
 	}
 	p.Status = st
 	p.Events = append(append(phaseEvents(kvc, v), events...), secureDefaultsUnset(kvc)...)
+	settled := (v.phase == kvv1.PhaseReady || v.phase == kvv1.PhaseFailed) && !spacePressure
+	p.OnlyLooksAgain = settled || obs.Cluster == nil
 	return p
 }
 

@@ -55,26 +55,28 @@ func TestMake(t *testing.T) {
 		wantDisarm  []members.Alarm
 		wantRequeue time.Duration
 		wantEvents  string
+		// wantLookOnly: the requeue only looks again, behind every cluster a watch event woke.
+		wantLookOnly bool
 	}{
 		{name: "a healthy cluster: its objects, nothing to do, looked at in a minute", s: formed(3, "3.7.3"),
-			wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantRequeue: time.Minute},
+			wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantRequeue: time.Minute, wantLookOnly: true},
 		{name: "a new version: Upgrading, and the first step is taken at once", s: ready(func(s *scenario) { s.upgradeTo("3.7.4") }),
 			wantPhase: kvv1.PhaseUpgrading, wantReason: ReasonUpgrading, wantObjects: true, wantAction: ActRestartPod, wantRequeue: 5 * time.Second,
 			wantEvents: ReasonUpgrading},
 		{name: "an unknown member: Ready=False, one warning, nothing acted on", s: ready(func(s *scenario) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 0x4d, Name: "intruder", Healthy: true})
-		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonUnknownMember, wantObjects: true, wantRequeue: 5 * time.Second, wantEvents: ReasonUnknownMember},
+		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonUnknownMember, wantObjects: true, wantRequeue: 5 * time.Second, wantEvents: ReasonUnknownMember, wantLookOnly: true},
 		{name: "leftover volumes: nothing written but status", s: ready(func(s *scenario) { s.obs.LeftoverClaims = []string{"data-kv-0"} }),
-			wantPhase: kvv1.PhaseFailed, wantReason: ReasonLeftoverVolumes, wantRequeue: 30 * time.Second, wantEvents: ReasonLeftoverVolumes},
+			wantPhase: kvv1.PhaseFailed, wantReason: ReasonLeftoverVolumes, wantRequeue: 30 * time.Second, wantEvents: ReasonLeftoverVolumes, wantLookOnly: true},
 		{name: "leftover volumes the user adopts: adopted, and no conflict", s: ready(func(s *scenario) {
 			s.obs.LeftoverClaims = []string{"data-kv-0"}
 			s.kvc.Annotations = map[string]string{kvv1.AnnotationAdoptVolumes: "true"}
-		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantAdopt: "data-kv-0", wantRequeue: time.Minute},
+		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantAdopt: "data-kv-0", wantRequeue: time.Minute, wantLookOnly: true},
 		{name: "never adopted for a restore, which would be skipped on them", s: ready(func(s *scenario) {
 			s.obs.LeftoverClaims = []string{"data-kv-0"}
 			s.kvc.Annotations = map[string]string{kvv1.AnnotationAdoptVolumes: "true"}
 			s.kvc.Spec.Restore = &kvv1.RestoreSpec{Key: "ns/kv/old.db"}
-		}), wantPhase: kvv1.PhaseFailed, wantReason: ReasonLeftoverVolumes, wantRequeue: 30 * time.Second, wantEvents: ReasonLeftoverVolumes},
+		}), wantPhase: kvv1.PhaseFailed, wantReason: ReasonLeftoverVolumes, wantRequeue: 30 * time.Second, wantEvents: ReasonLeftoverVolumes, wantLookOnly: true},
 		// Its own member's NOSPACE alarm is real: writes are refused, and SpacePressure says so.
 		{name: "an alarm of a member the cluster does not have is disarmed", s: ready(func(s *scenario) {
 			s.obs.Cluster.Alarms = []members.Alarm{strangerAlarm, ownAlarm}
@@ -91,7 +93,12 @@ func TestMake(t *testing.T) {
 			s.kvc.Spec.BackupSchedule = "* * * * *"
 			at := t0.Add(-30 * time.Second)
 			s.kvc.Status.LastScheduledTime = metaTime(at.Truncate(time.Minute))
-		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantRequeue: time.Minute - 10*time.Second},
+		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantRequeue: time.Minute - 10*time.Second, wantLookOnly: true},
+		{name: "etcd does not answer: looked at again, behind every cluster with news", s: ready(func(s *scenario) {
+			s.obs.Cluster, s.obs.EtcdErr = nil, members.ErrNoQuorum
+		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonMembersUnavailable, wantObjects: true, wantRequeue: 5 * time.Second, wantLookOnly: true},
+		{name: "a member down, the others answering: its pod's readiness is the news", s: ready(func(s *scenario) { s.member(1).Healthy = false }),
+			wantPhase: kvv1.PhaseReady, wantReason: ReasonMembersUnavailable, wantObjects: true, wantRequeue: 5 * time.Second, wantLookOnly: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,10 +112,11 @@ func TestMake(t *testing.T) {
 			}
 			if p.Status.Phase != tt.wantPhase || p.Reason != tt.wantReason || (p.Children != nil) != tt.wantObjects ||
 				strings.Join(adopted, ",") != tt.wantAdopt || p.Rollout.Action != tt.wantAction ||
-				len(p.Disarm) != len(tt.wantDisarm) || p.RequeueAfter != tt.wantRequeue || strings.Join(events, " ") != tt.wantEvents {
-				t.Fatalf("phase %s/%s, objects %t, adopt %v, action %d, disarm %v, requeue %v, events %v (%s);\nwant %s/%s, %t, %q, %d, %v, %v, %q",
-					p.Status.Phase, p.Reason, p.Children != nil, p.AdoptClaims, p.Rollout.Action, p.Disarm, p.RequeueAfter, events, p.Message,
-					tt.wantPhase, tt.wantReason, tt.wantObjects, tt.wantAdopt, tt.wantAction, tt.wantDisarm, tt.wantRequeue, tt.wantEvents)
+				len(p.Disarm) != len(tt.wantDisarm) || p.RequeueAfter != tt.wantRequeue || strings.Join(events, " ") != tt.wantEvents ||
+				p.OnlyLooksAgain != tt.wantLookOnly {
+				t.Fatalf("phase %s/%s, objects %t, adopt %v, action %d, disarm %v, requeue %v (only looking again %t), events %v (%s);\nwant %s/%s, %t, %q, %d, %v, %v (%t), %q",
+					p.Status.Phase, p.Reason, p.Children != nil, p.AdoptClaims, p.Rollout.Action, p.Disarm, p.RequeueAfter, p.OnlyLooksAgain, events, p.Message,
+					tt.wantPhase, tt.wantReason, tt.wantObjects, tt.wantAdopt, tt.wantAction, tt.wantDisarm, tt.wantRequeue, tt.wantLookOnly, tt.wantEvents)
 			}
 			for i := range p.Disarm {
 				if p.Disarm[i] != tt.wantDisarm[i] {
