@@ -56,7 +56,7 @@ type Plan struct {
 	RequeueAfter time.Duration
 	// OnlyLooksAgain: the requeue carries nothing forward. The cluster is settled (Ready or Failed,
 	// no space to free), or etcd did not answer, and what would change that shows as a watch event
-	// first. Such a reconcile waits in the work queue behind every cluster a watch event woke:
+	// first; no backup or certificate renewal falls due then. Such a reconcile waits in the work queue behind every cluster a watch event woke:
 	// looking at an unreachable cluster holds a worker for the whole etcd timeout, and a fleet of
 	// them must not delay a change anywhere else.
 	OnlyLooksAgain bool
@@ -134,11 +134,12 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	var events []Event
 	var untilBackup time.Duration
 	p.Backups, events, untilBackup = planBackups(kvc, obs, &st, now, cfg.Images.Operator)
+	due := false // the requeue is when something falls due, not a poll
 	if untilBackup > 0 && untilBackup < p.RequeueAfter {
-		p.RequeueAfter = untilBackup
+		p.RequeueAfter, due = untilBackup, true
 	}
 	if renew := p.TLS.NextRenewal(now); !renew.IsZero() && renew.Sub(now) < p.RequeueAfter {
-		p.RequeueAfter = max(renew.Sub(now), time.Second)
+		p.RequeueAfter, due = max(renew.Sub(now), time.Second), true
 	}
 	st.Certificates = certificateStatuses(kvc, obs)
 	st.VolumeSize = volumeSize
@@ -160,7 +161,7 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	p.Status = st
 	p.Events = append(append(phaseEvents(kvc, v), events...), secureDefaultsUnset(kvc)...)
 	settled := (v.phase == kvv1.PhaseReady || v.phase == kvv1.PhaseFailed) && !spacePressure
-	p.OnlyLooksAgain = settled || obs.Cluster == nil
+	p.OnlyLooksAgain = !due && (settled || obs.Cluster == nil)
 	return p
 }
 

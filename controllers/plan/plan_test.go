@@ -93,7 +93,7 @@ func TestMake(t *testing.T) {
 			s.kvc.Spec.BackupSchedule = "* * * * *"
 			at := t0.Add(-30 * time.Second)
 			s.kvc.Status.LastScheduledTime = metaTime(at.Truncate(time.Minute))
-		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantRequeue: time.Minute - 10*time.Second, wantLookOnly: true},
+		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantObjects: true, wantRequeue: time.Minute - 10*time.Second},
 		{name: "etcd does not answer: looked at again, behind every cluster with news", s: ready(func(s *scenario) {
 			s.obs.Cluster, s.obs.EtcdErr = nil, members.ErrNoQuorum
 		}), wantPhase: kvv1.PhaseReady, wantReason: ReasonMembersUnavailable, wantObjects: true, wantRequeue: 5 * time.Second, wantLookOnly: true},

@@ -165,11 +165,11 @@ func TestTLSProblemsStopTheClusterAndRenewalsWakeIt(t *testing.T) {
 	etcd := memberstest.Healthy(operator, 3, "3.7.3")
 	obs := Observation{TLS: secrets, ReadyMembers: 3, Cluster: &etcd, STSSettled: true}
 	operator.Status = kvv1.KVClusterStatus{Phase: kvv1.PhaseReady, CurrentVersion: "3.7.3"}
-	if p := Make(operator, obs, renew.Add(-30*time.Second), Config{}); p.RequeueAfter != 30*time.Second {
-		t.Errorf("requeue in %v, want at the renewal 30s from now", p.RequeueAfter)
+	if p := Make(operator, obs, renew.Add(-30*time.Second), Config{}); p.RequeueAfter != 30*time.Second || p.OnlyLooksAgain {
+		t.Errorf("requeue in %v (only looking again: %t), want at the renewal 30s from now, not behind other clusters' news", p.RequeueAfter, p.OnlyLooksAgain)
 	}
-	if p := Make(operator, obs, renew.Add(time.Second), Config{}); p.RequeueAfter < time.Minute {
-		t.Errorf("requeue in %v once the renewal is done, want the healthy poll", p.RequeueAfter)
+	if p := Make(operator, obs, renew.Add(time.Second), Config{}); p.RequeueAfter < time.Minute || !p.OnlyLooksAgain {
+		t.Errorf("requeue in %v (only looking again: %t) once the renewal is done, want the healthy poll", p.RequeueAfter, p.OnlyLooksAgain)
 	}
 }
 
