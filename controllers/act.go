@@ -99,7 +99,10 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	}
 	// The priority is always given: a reconcile that was itself a poll would otherwise pass its
 	// low priority on to the step it just took.
-	return ctrl.Result{RequeueAfter: requeue, Priority: &priority}, applyErr
+	if applyErr != nil { // retried with backoff, which a requeue time would only contradict
+		return ctrl.Result{Priority: &priority}, applyErr
+	}
+	return ctrl.Result{RequeueAfter: requeue, Priority: &priority}, nil
 }
 
 func (r *KVClusterReconciler) planConfig() plan.Config {
