@@ -59,6 +59,9 @@ func startControlPlane(ctx context.Context, t tools, work string) (_ *controlPla
 	// and its late deletion of a pod the operator restarted (by name, not UID) then deletes the
 	// pod that replaced it. The upgrade table reports any deletion nobody asked for.
 	kwokctl := "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n  bindAddress: 127.0.0.1\n" +
+		// Every cluster has a client Service with a cluster IP: kube-apiserver's default range, a
+		// /24, runs out at about 250 clusters.
+		"componentsPatches:\n- name: kube-apiserver\n  extraArgs:\n  - key: service-cluster-ip-range\n    value: 10.96.0.0/16\n" +
 		// Given a KwokConfiguration, kwok takes no defaults for what it leaves out.
 		"---\napiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n  podPlayStageParallelism: 32\n" +
 		"  nodePlayStageParallelism: 4\n  nodeLeaseParallelism: 4\n  podsOnNodeSyncParallelism: 1\n"
