@@ -630,7 +630,7 @@ Fleet sizes: %s.
 ## Reproduce
 
     make tools          # once: builds kwok and the Kubernetes binaries into the cache
-    make bench-scale    # BENCH_SCALE_N=10,100,1000 by default; rewrites this file
+    make bench-scale    # BENCH_SCALE_N=10,100 by default; rewrites this file
 
 `+"`make test`"+` runs the same harness with N=10 as a smoke test.
 
