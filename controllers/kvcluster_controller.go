@@ -94,7 +94,15 @@ func CacheOptions() cache.Options {
 // steps to run; observe everything once (observe.go); decide everything in one pure function
 // (plan.Make); carry the plan out (act.go). A cluster being
 // deleted goes through its deletion steps instead (deletion.go).
-func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
+	defer func() {
+		// Only act lowers the queue priority of what comes next, and only for a poll. Everything
+		// else (a retry after an error, a deletion step) has the normal priority, whatever the
+		// priority this reconcile was taken at (all of them low after the operator starts).
+		if res.Priority == nil {
+			res.Priority = new(0)
+		}
+	}()
 	var kvc kvv1.KVCluster
 	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)

@@ -55,10 +55,13 @@ type Plan struct {
 	// RequeueAfter is when to look again if nothing else triggers a reconcile.
 	RequeueAfter time.Duration
 	// OnlyLooksAgain: the requeue carries nothing forward. The cluster is settled (Ready or Failed,
-	// no space to free), or etcd did not answer, and what would change that shows as a watch event
-	// first; no backup or certificate renewal falls due then. Such a reconcile waits in the work queue behind every cluster a watch event woke:
+	// no space to free) or etcd did not answer, and no backup or certificate renewal falls due
+	// before it. Such a reconcile waits in the work queue behind every cluster a watch event woke:
 	// looking at an unreachable cluster holds a worker for the whole etcd timeout, and a fleet of
-	// them must not delay a change anywhere else.
+	// them must not delay a change anywhere else. Most changes that end such a state come as a
+	// watch event (a pod, the StatefulSet, an owned object); those that do not (etcd answering
+	// again with no pod changed, a leftover claim deleted, a deadline passing) are seen by the poll,
+	// later while news keeps every worker busy.
 	OnlyLooksAgain bool
 }
 

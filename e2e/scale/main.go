@@ -56,7 +56,7 @@ const (
 type tools struct{ kwok, kubernetes, etcd string }
 
 func main() {
-	sizes := flag.String("n", "10,100,1000", "fleet sizes, comma-separated: each runs every scenario with a fresh operator")
+	sizes := flag.String("n", "10,100", "fleet sizes, comma-separated: each runs every scenario with a fresh operator")
 	steady := flag.Duration("steady", time.Minute, "how long the idle fleet is watched (the operator looks at a healthy cluster once a minute)")
 	frozenShare := flag.Float64("frozen", 0.1, "share of the clusters whose members are frozen while as many new clusters are created")
 	workers := flag.Int("workers", 0, "the operator's --max-concurrent-reconciles (0: its default)")
