@@ -157,9 +157,9 @@ bench-tls: ## request latency through the client Service, plaintext and mutual T
 	  -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
 	  $(CLUSTER) down; exit $$status
 
-# etcd-io/etcd-operator's source (a checkout of v0.3.x), for bench-peers: its module is not served
-# by the Go module proxy, so it cannot be fetched here. Without it, bench-peers measures this
-# operator against the bare StatefulSet only.
+# etcd-io/etcd-operator's source (a git checkout; measured: main at 77c7f10, v0.2.0-53), for
+# bench-peers: its module is not served by the Go module proxy, so it cannot be fetched here.
+# Without it, bench-peers measures this operator against the bare StatefulSet only.
 ETCD_OPERATOR_SRC ?=
 BENCH_PEERS_ROUNDS ?= 5
 
@@ -168,12 +168,12 @@ bench-peers: ## apply → Ready of a 3-member cluster on the local cluster: a ba
 	$(MAKE) --no-print-directory cluster-down cluster-up images-local
 	status=0; \
 	if [ -n "$(ETCD_OPERATOR_SRC)" ]; then \
-	  version=$$(e2e/localcluster/etcd-operator.sh "$(ETCD_OPERATOR_SRC)" $(CACHE_DIR)/etcd-operator $(KUBECTL)) && \
-	  $(CLUSTER) import $(CACHE_DIR)/etcd-operator/etcd-operator.tar && \
-	  export ETCD_OPERATOR_MANIFEST=$(CACHE_DIR)/etcd-operator/install.yaml ETCD_OPERATOR_VERSION="$$version" || status=$$?; \
+	  version=$$(e2e/localcluster/etcd-operator.sh "$(ETCD_OPERATOR_SRC)" "$(abspath $(CACHE_DIR))/etcd-operator" $(KUBECTL)) && \
+	  $(CLUSTER) import "$(abspath $(CACHE_DIR))/etcd-operator/etcd-operator.tar" && \
+	  export ETCD_OPERATOR_MANIFEST="$(abspath $(CACHE_DIR))/etcd-operator/install.yaml" ETCD_OPERATOR_VERSION="$$version" || status=$$?; \
 	fi; \
 	[ $$status -ne 0 ] || E2E_LOCAL_CLUSTER=1 KUBECTL=$(KUBECTL) BENCH_PEERS_OUT=$(CURDIR)/e2e/BENCHMARKS-peers.md \
-	  go test -tags e2e -count=1 -timeout=30m -run '^$$' -bench ReadyBesidePeers -benchtime $(BENCH_PEERS_ROUNDS)x ./e2e/ \
+	  go test -tags e2e -count=1 -timeout=$$(( ($(BENCH_PEERS_ROUNDS) + 1) * 5 + 10 ))m -run '^$$' -bench ReadyBesidePeers -benchtime $(BENCH_PEERS_ROUNDS)x ./e2e/ \
 	  -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
 	  $(CLUSTER) down; exit $$status
 

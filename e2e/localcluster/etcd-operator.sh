@@ -31,4 +31,9 @@ EOF
 "$kubectl" kustomize "$overlay" > "$out/install.yaml"
 grep -q "image: $image\$" "$out/install.yaml" ||
   { echo "etcd-operator.sh: the rendered manifest does not run $image (did its config/ change?)" >&2; exit 1; }
-git -C "$src" describe --tags --always 2>/dev/null || echo "(source without git history)"
+# The version only if src is itself a git checkout (not a copy inside another repository).
+if [ "$(git -C "$src" rev-parse --show-toplevel 2>/dev/null)" = "$src" ]; then
+  git -C "$src" describe --tags --always --dirty
+else
+  echo "(source without git history)"
+fi
