@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +63,13 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
+	if limit, ok, err := goMemoryLimit(os.Getenv("GOMEMLIMIT"), os.Getenv("MEMORY_LIMIT")); err != nil {
+		log.Error(err, "cannot read the container's memory limit")
+		os.Exit(1)
+	} else if ok {
+		debug.SetMemoryLimit(limit)
+		log.Info("Go memory limit set from the container's", "bytes", limit)
+	}
 
 	metricsServing, err := metricsOptions(*metricsAddr, *metricsSecure, *metricsCertDir)
 	if err != nil {
@@ -121,6 +130,21 @@ func main() {
 		log.Error(err, "manager stopped with an error")
 		os.Exit(1)
 	}
+}
+
+// goMemoryLimit is the Go runtime's memory limit for a container whose memory limit is
+// containerLimit bytes (MEMORY_LIMIT, from the downward API): 90 % of it, the rest being for what
+// the runtime does not count. Near it the garbage collector works harder instead of the heap
+// doubling past the limit and the kernel killing the operator. GOMEMLIMIT, when set, is left alone.
+func goMemoryLimit(goMemLimit, containerLimit string) (int64, bool, error) {
+	if goMemLimit != "" || containerLimit == "" {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseInt(containerLimit, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false, fmt.Errorf("MEMORY_LIMIT=%q is not a number of bytes", containerLimit)
+	}
+	return n / 10 * 9, true, nil
 }
 
 // metricsOptions serve the operator's metrics. Secure (the default), over HTTPS to the clients

@@ -19,6 +19,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // operator is the real operator binary (built with the kvcsim tag: its etcd connections go to the
@@ -60,6 +63,27 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// deployedMemoryLimit is the memory limit of the manager container of the shipped Deployment.
+func deployedMemoryLimit() (int64, error) {
+	const manifest = "deploy/manager/manager.yaml"
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		return 0, err
+	}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var dep appsv1.Deployment
+		if err := yaml.Unmarshal([]byte(doc), &dep); err != nil {
+			return 0, fmt.Errorf("%s: %w", manifest, err)
+		}
+		for _, c := range dep.Spec.Template.Spec.Containers {
+			if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && c.Name == "manager" {
+				return q.Value(), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s: no manager container with a memory limit", manifest)
+}
+
 func startOperator(work, kubeconfig, simulated string, workers int) (*operator, error) {
 	mport, err := freePort()
 	if err != nil {
@@ -80,7 +104,12 @@ func startOperator(work, kubeconfig, simulated string, workers int) (*operator, 
 	if workers > 0 {
 		cmd.Args = append(cmd.Args, "--max-concurrent-reconciles", strconv.Itoa(workers))
 	}
-	cmd.Env = append(os.Environ(), "KVC_SIMULATED_MEMBERS="+simulated)
+	limit, err := deployedMemoryLimit()
+	if err != nil {
+		return nil, err
+	}
+	// As deployed: the Deployment gives the operator its container's memory limit.
+	cmd.Env = append(os.Environ(), "KVC_SIMULATED_MEMBERS="+simulated, "MEMORY_LIMIT="+strconv.FormatInt(limit, 10))
 	log, err := os.OpenFile(filepath.Join(work, "operator.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
