@@ -10,7 +10,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -59,28 +58,27 @@ type KVClusterReconciler struct {
 // applies whole (applyOwned), and who manages which field is a large part of a Pod.
 func CacheOptions() cache.Options {
 	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
-	ownedRead := owned
-	ownedRead.Transform = withoutManagedFields
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+	options := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&appsv1.StatefulSet{}:           owned,
 		&corev1.Service{}:               owned,
 		&policyv1.PodDisruptionBudget{}: owned,
 		&networkingv1.NetworkPolicy{}:   owned,
-		&batchv1.Job{}:                  ownedRead,
-		&corev1.Pod{}:                   ownedRead,
-		// Members' claims carry the labels of the StatefulSet's claim template.
-		&corev1.PersistentVolumeClaim{}: ownedRead,
 		&corev1.ConfigMap{}:             owned,
 		&corev1.Secret{}:                owned,
 	}}
+	withoutManagedFields := owned
+	withoutManagedFields.Transform = cache.TransformStripManagedFields()
+	for _, o := range notComparedKinds() {
+		options.ByObject[o] = withoutManagedFields
+	}
+	return options
 }
 
-// withoutManagedFields is a cache transform: the object as stored, less its managed fields.
-func withoutManagedFields(obj any) (any, error) {
-	if o, ok := obj.(metav1.Object); ok {
-		o.SetManagedFields(nil)
-	}
-	return obj, nil
+// notComparedKinds are the kinds the operator never compares with what it owns, so the cache
+// keeps none of their managed fields. Members' claims carry the labels of the StatefulSet's
+// claim template.
+func notComparedKinds() []client.Object {
+	return []client.Object{&corev1.Pod{}, &corev1.PersistentVolumeClaim{}, &batchv1.Job{}}
 }
 
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch

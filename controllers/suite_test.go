@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -410,14 +411,19 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
-// labelScoped reads like the manager's cache: of the kinds the operator owns, it sees only the
-// objects labelled as the operator's (cmd/kvcluster-operator selects its cache on that label).
+// labelScoped reads like the manager's cache (CacheOptions): of the kinds the operator owns, it
+// sees only the objects labelled as the operator's, and of some kinds no managed fields.
 func labelScoped(c client.WithWatch) client.WithWatch {
 	visible := func(obj client.Object) bool {
 		if _, isKVC := obj.(*kvv1.KVCluster); isKVC {
 			return true
 		}
 		return obj.GetLabels()[specs.ManagedByLabel] == specs.ManagedByValue
+	}
+	asCached := func(obj client.Object) {
+		if slices.ContainsFunc(notComparedKinds(), func(k client.Object) bool { return reflect.TypeOf(k) == reflect.TypeOf(obj) }) {
+			obj.SetManagedFields(nil)
+		}
 	}
 	return interceptor.NewClient(c, interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
@@ -428,6 +434,7 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 				gvk, _ := apiutil.GVKForObject(obj, scheme)
 				return apierrors.NewNotFound(schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind) + "s"}, key.Name)
 			}
+			asCached(obj)
 			return nil
 		},
 		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
@@ -442,6 +449,9 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 				return err
 			}
 			items = slices.DeleteFunc(items, func(o runtime.Object) bool { return !visible(o.(client.Object)) })
+			for _, o := range items {
+				asCached(o.(client.Object))
+			}
 			return meta.SetList(list, items)
 		},
 	})

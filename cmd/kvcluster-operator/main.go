@@ -14,11 +14,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -68,7 +68,7 @@ func main() {
 		os.Exit(1)
 	} else if ok {
 		debug.SetMemoryLimit(limit)
-		log.Info("Go memory limit set from the container's", "bytes", limit)
+		log.Info("Go memory limit: 90 % of MEMORY_LIMIT", "bytes", limit)
 	}
 
 	metricsServing, err := metricsOptions(*metricsAddr, *metricsSecure, *metricsCertDir)
@@ -133,18 +133,19 @@ func main() {
 }
 
 // goMemoryLimit is the Go runtime's memory limit for a container whose memory limit is
-// containerLimit bytes (MEMORY_LIMIT, from the downward API): 90 % of it, the rest being for what
-// the runtime does not count. Near it the garbage collector works harder instead of the heap
-// doubling past the limit and the kernel killing the operator. GOMEMLIMIT, when set, is left alone.
+// containerLimit (MEMORY_LIMIT: bytes from the downward API, or a quantity such as 256Mi): 90 % of
+// it, the rest being for what the runtime does not count. Near it the garbage collector works
+// harder instead of the heap doubling past the limit and the kernel killing the operator.
+// GOMEMLIMIT, when set, is left alone.
 func goMemoryLimit(goMemLimit, containerLimit string) (int64, bool, error) {
 	if goMemLimit != "" || containerLimit == "" {
 		return 0, false, nil
 	}
-	n, err := strconv.ParseInt(containerLimit, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, false, fmt.Errorf("MEMORY_LIMIT=%q is not a number of bytes", containerLimit)
+	q, err := resource.ParseQuantity(containerLimit)
+	if err != nil || q.Value() <= 0 {
+		return 0, false, fmt.Errorf("MEMORY_LIMIT=%q is not a memory size (bytes, or a quantity such as 256Mi)", containerLimit)
 	}
-	return n / 10 * 9, true, nil
+	return q.Value() / 10 * 9, true, nil
 }
 
 // metricsOptions serve the operator's metrics. Secure (the default), over HTTPS to the clients

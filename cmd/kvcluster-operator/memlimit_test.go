@@ -19,7 +19,8 @@ func TestGoMemoryLimit(t *testing.T) {
 		{name: "no container limit", want: 0},
 		{name: "256Mi container", containerLimit: "268435456", want: 241591905, wantSet: true},
 		{name: "GOMEMLIMIT wins", goMemLimit: "100MiB", containerLimit: "268435456"},
-		{name: "not bytes", containerLimit: "256Mi", wantErr: true},
+		{name: "a quantity", containerLimit: "256Mi", want: 241591905, wantSet: true},
+		{name: "not a size", containerLimit: "a lot", wantErr: true},
 		{name: "zero", containerLimit: "0", wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -40,11 +41,12 @@ func TestDeploymentGivesItsMemoryLimit(t *testing.T) {
 	}
 	var dep appsv1.Deployment
 	for _, doc := range strings.Split(string(data), "\n---\n") {
-		if err := yaml.Unmarshal([]byte(doc), &dep); err != nil {
+		var d appsv1.Deployment
+		if err := yaml.Unmarshal([]byte(doc), &d); err != nil {
 			t.Fatal(err)
 		}
-		if dep.Kind == "Deployment" {
-			break
+		if d.Kind == "Deployment" {
+			dep = d
 		}
 	}
 	for _, c := range dep.Spec.Template.Spec.Containers {

@@ -615,7 +615,8 @@ Fleet sizes: %s.
   scheduled there become Ready without running anything. The local cluster's volume provisioner
   binds the member claims.
 - The real operator binary, as a process, with its defaults (leader election, %s, 5 s etcd
-  timeout). It is built with the `+"`kvcsim`"+` tag, whose only difference is that its etcd
+  timeout) and, as the Deployment gives it, its container's memory limit in MEMORY_LIMIT (Go's
+  limit is 90 %% of it; no cgroup enforces it here). It is built with the `+"`kvcsim`"+` tag, whose only difference is that its etcd
   connections go to simulated members (`+"`controllers/members/membersim`"+`): a gRPC server speaking
   etcd's API that answers from the member pods' state — a member answers while its pod is Ready,
   reports its pod's image version, and the membership changes only through the operator's
