@@ -62,7 +62,7 @@ type contender struct {
 
 // timing is one cluster's: from the create request to Ready, and from its pods being Ready to
 // Ready (what the operator adds to what the pods need; the pods' probes run every 5 s, so the
-// first varies by up to that much from run to run, the second does not).
+// first varies by up to that much from run to run, the second is free of that).
 type timing struct{ total, afterPods time.Duration }
 
 // BenchmarkReadyBesidePeers measures apply → Ready of a 3-member cluster (`make bench-peers`):
@@ -104,7 +104,7 @@ func BenchmarkReadyBesidePeers(b *testing.B) {
 	for range b.N {
 		for _, i := range rng.Perm(len(contenders)) {
 			k := contenders[i]
-			samples[k.name] = append(samples[k.name], round(ctx, b, c, k))
+			samples[k.name] = append(samples[k.name], timeOne(ctx, b, c, k))
 		}
 	}
 	b.StopTimer()
@@ -121,9 +121,9 @@ func BenchmarkReadyBesidePeers(b *testing.B) {
 	}
 }
 
-// round times one contender in a namespace of its own, which is gone with its volumes before the
+// timeOne times one contender in a namespace of its own, which is gone with its volumes before the
 // next one starts (2 cores are shared).
-func round(ctx context.Context, b *testing.B, c benchClients, k contender) timing {
+func timeOne(ctx context.Context, b *testing.B, c benchClients, k contender) timing {
 	ns := envconf.RandomName("kvc-peers", 16)
 	if _, err := c.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
