@@ -104,15 +104,19 @@ test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
 	KVC_PROMETHEUS="$$($(BUILD_TOOLS) --print-dir prometheus)" \
 	  go test $(GO_TEST_FLAGS) ./...
-	$(MAKE) --no-print-directory fuzz FUZZTIME=10s
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 # Go fuzz targets (package:target). Each one's seed corpus (f.Add, and testdata/fuzz/<target>/,
 # where a fuzzing run writes any input that fails) runs in every `go test`.
 FUZZ_TARGETS = ./apis/v1alpha1:FuzzAdmittedClustersMakeValidObjects ./backup:FuzzSchedule ./backup:FuzzRetention ./deploy/argocd:FuzzHealthScript
 FUZZTIME ?= 2m
+# make test fuzzes each target for a number of inputs, not a time: with a time, Go 1.26's fuzzing
+# coordinator can fail a target that found nothing ("context deadline exceeded" as -fuzztime ends,
+# golang/go#75804, fixed in Go 1.27); it did once in CI. 10,000 inputs: 2–47 s per target here.
+TEST_FUZZTIME ?= 10000x
 
 .PHONY: fuzz
-fuzz: ## fuzz each target for FUZZTIME (default 2m; make test fuzzes 10s each); a failing input is kept in testdata/fuzz
+fuzz: ## fuzz each target for FUZZTIME (default 2m; make test fuzzes 10000 inputs each); a failing input is kept in testdata/fuzz
 	@for t in $(FUZZ_TARGETS); do \
 	  echo "fuzzing $${t#*:} for $(FUZZTIME)"; \
 	  go test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}" || exit 1; \
