@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,15 +41,33 @@ func RequireBinary(t testing.TB, env, name string) string {
 	return p
 }
 
-// FreePort is a loopback port nothing listens on.
+// handedOut holds every port FreePort returned in this process: once a listener on port 0 is
+// closed the kernel may return the same port from the next one, and a test that asked for two
+// ports (an etcd's client and peer) must get two.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// FreePort is a loopback port nothing listens on, not returned before in this process.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no loopback port that was not handed out already in 100 tries")
+	return 0
 }
 
 // StartProcess runs bin until the test ends, and shows the end of its output if the test failed.

@@ -54,13 +54,19 @@ type sample struct {
 	queueWaitCount uint64
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct loopback ports nothing listens on: the listeners stay open until
+// all n are picked, so the kernel cannot hand out one port twice.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = l.Close() }()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // deployedMemoryLimit is the memory limit of the manager container of the shipped Deployment.
@@ -85,18 +91,11 @@ func deployedMemoryLimit() (int64, error) {
 }
 
 func startOperator(work, kubeconfig, simulated string, workers int) (*operator, error) {
-	mport, err := freePort()
+	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
 	}
-	pport, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	dport, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+	mport, pport, dport := ports[0], ports[1], ports[2]
 	cmd := exec.Command(filepath.Join(work, "kvcluster-operator"), "--kubeconfig", kubeconfig,
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport), "--metrics-secure=false",
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", pport), "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", dport),
