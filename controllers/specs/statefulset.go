@@ -194,7 +194,7 @@ func EtcdArgs(kvc *kvv1.KVCluster, t Transport, quota int64) []string {
 	mode, retention := autoCompaction(kvc)
 	args = append(args, "--auto-compaction-mode="+mode, "--auto-compaction-retention="+retention)
 	args = append(args, walArgs()...)
-	return append(args, etcdTLSArgs(t)...)
+	return append(args, etcdTLSArgs(kvc, t)...)
 }
 
 // selfHost is the member's own DNS name, with $(POD_NAME) expanded by the kubelet.

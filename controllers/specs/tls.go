@@ -49,6 +49,11 @@ func TLSSecretName(kvc *kvv1.KVCluster, part string) string {
 			return t.Secrets.Client
 		}
 	}
+	return operatorTLSSecretName(kvc, part)
+}
+
+// operatorTLSSecretName is the Secret of the operator's own certificates for a part.
+func operatorTLSSecretName(kvc *kvv1.KVCluster, part string) string {
 	return kvc.Name + "-tls-" + part
 }
 
@@ -126,7 +131,17 @@ func tlsFile(part, key string) string { return fmt.Sprintf("%s/%s/%s", tlsMount,
 // etcdTLSArgs are the member's TLS flags for the ports that use TLS: certificates, and a client
 // certificate from the cluster's CA required (a client port that also accepts plaintext asks a
 // plaintext client for nothing).
-func etcdTLSArgs(t Transport) []string {
+//
+// By default etcd accepts a peer connection only once DNS says one of the names in the peer's
+// certificate resolves to the address it comes from. Members start before their names resolve,
+// and a name looked up too early is cached as missing (5 s on the local cluster, 30 s with
+// kubeadm's CoreDNS): on the local cluster every TLS cluster formed ~4 s later than a plaintext
+// one, its members rejecting each other meanwhile. With the operator's own CA, which issues only
+// this cluster's certificates, the peer port instead takes exactly the peer certificate: it
+// alone of them names a member and may authenticate a client (the server certificate may not, and
+// the client certificate, which applications hold, names no member). Certificates from your
+// Secrets keep etcd's DNS check: their CA may have issued others.
+func etcdTLSArgs(kvc *kvv1.KVCluster, t Transport) []string {
 	var args []string
 	if t.ClientTLS {
 		args = append(args,
@@ -141,6 +156,11 @@ func etcdTLSArgs(t Transport) []string {
 			"--peer-key-file="+tlsFile(TLSPeer, corev1.TLSPrivateKeyKey),
 			"--peer-trusted-ca-file="+tlsFile(TLSPeer, CACertKey),
 			"--peer-client-cert-auth")
+		if TLSSecretName(kvc, TLSPeer) == operatorTLSSecretName(kvc, TLSPeer) {
+			args = append(args,
+				"--peer-skip-client-san-verification",
+				"--peer-cert-allowed-hostname="+PeerNames(kvc)[0])
+		}
 	}
 	return args
 }

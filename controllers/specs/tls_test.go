@@ -27,10 +27,13 @@ func TestTLSMembers(t *testing.T) {
 		kvc         *kvv1.KVCluster
 		wantScheme  string
 		wantSecrets []string
+		// wantPeerCertOnly: the peer port takes the peer certificate by its name instead of
+		// asking DNS (the operator's own CA only).
+		wantPeerCertOnly bool
 	}{
 		{name: "plaintext", kvc: cluster(3), wantScheme: "http"},
 		{name: "Disabled is plaintext", kvc: withTLS(cluster(3), kvv1.TLSDisabled), wantScheme: "http"},
-		{name: "the operator's certificates", kvc: withTLS(cluster(3), kvv1.TLSOperator), wantScheme: "https", wantSecrets: []string{"kv-tls-server", "kv-tls-peer"}},
+		{name: "the operator's certificates", kvc: withTLS(cluster(3), kvv1.TLSOperator), wantScheme: "https", wantSecrets: []string{"kv-tls-server", "kv-tls-peer"}, wantPeerCertOnly: true},
 		{name: "your Secrets", kvc: withTLS(cluster(3), kvv1.TLSSecrets), wantScheme: "https", wantSecrets: []string{"my-server", "my-peer"}},
 	}
 	for _, tt := range tests {
@@ -49,6 +52,10 @@ func TestTLSMembers(t *testing.T) {
 				if strings.Contains(args, f) != (tt.wantScheme == "https") {
 					t.Errorf("flag %s present %t, want %t", f, strings.Contains(args, f), tt.wantScheme == "https")
 				}
+			}
+			peerCertOnly := strings.Contains(args, "--peer-skip-client-san-verification --peer-cert-allowed-hostname=kv-0.kv-peer.prod.svc")
+			if peerCertOnly != tt.wantPeerCertOnly || strings.Contains(args, "--peer-skip-client-san-verification") != tt.wantPeerCertOnly {
+				t.Errorf("the peer port takes the peer certificate by its name: %t, want %t: %s", peerCertOnly, tt.wantPeerCertOnly, args)
 			}
 			for _, u := range []string{MemberClientURL(kvc, DesiredTransport(kvc).ClientScheme(), 2), MemberPeerURL(kvc, 2), ClientEndpoint(kvc, DesiredTransport(kvc).ClientScheme()), InitialCluster(kvc)} {
 				if !strings.HasPrefix(u, tt.wantScheme+"://") && !strings.Contains(u, "="+tt.wantScheme+"://") {
@@ -138,5 +145,20 @@ func TestTransportsRoundTrip(t *testing.T) {
 	}
 	if _, ok := PodTransport(corev1.PodSpec{Containers: []corev1.Container{{Name: "other"}}}); ok {
 		t.Error("a pod without an etcd container has a transport")
+	}
+}
+
+// TestPeerCertificateCheckWhileMovingBack: members moving back to plaintext keep the peer check
+// of the certificates they started the move with: by name for the operator's, by DNS for yours.
+func TestPeerCertificateCheckWhileMovingBack(t *testing.T) {
+	moving := Transport{PeerTLS: true, PeerCerts: true, ClientTLS: true, ClientPlain: true}
+	fromOperator := withTLS(cluster(3), kvv1.TLSDisabled)
+	fromSecrets := withTLS(cluster(3), kvv1.TLSDisabled)
+	fromSecrets.Spec.TLS.Secrets = &kvv1.TLSSecretNames{Server: "my-server", Peer: "my-peer", Client: "my-client"}
+	for kvc, want := range map[*kvv1.KVCluster]bool{fromOperator: true, fromSecrets: false} {
+		args := strings.Join(EtcdArgs(kvc, moving, 0), " ")
+		if got := strings.Contains(args, "--peer-skip-client-san-verification"); got != want {
+			t.Errorf("secrets %+v: the peer certificate taken by its name %t, want %t: %s", kvc.Spec.TLS.Secrets, got, want, args)
+		}
 	}
 }
