@@ -99,10 +99,10 @@ test: verify-generated vet test-unit bench-scale-smoke e2e-local ## the whole su
 
 .PHONY: test-unit
 test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3, alert rules with promtool
-	$(BUILD_TOOLS) versitygw prometheus
+	$(BUILD_TOOLS) versitygw prometheus kubectl
 	KVC_REQUIRE_TEST_BINARIES=1 KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
-	KVC_PROMETHEUS="$$($(BUILD_TOOLS) --print-dir prometheus)" \
+	KVC_PROMETHEUS="$$($(BUILD_TOOLS) --print-dir prometheus)" KVC_KUBECTL_DIR="$$($(BUILD_TOOLS) --print-dir kubectl)" \
 	  go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
 

@@ -52,7 +52,7 @@ func main() {
 		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's own namespace)")
 		etcdRepository = flag.String("etcd-repository", specs.DefaultEtcdRepository, "etcd image repository for KVClusters that do not set spec.repository (e.g. a mirror)")
 		etcdTimeout    = flag.Duration("etcd-timeout", 5*time.Second, "bound of one query of an etcd cluster's members")
-		backupImage    = flag.String("backup-image", os.Getenv("OPERATOR_IMAGE"), "the operator's own image, which backup Jobs run (default: $OPERATOR_IMAGE)")
+		backupImage    = flag.String("backup-image", os.Getenv("OPERATOR_IMAGE"), "the image backup, restore and deregistration Jobs run (default: $OPERATOR_IMAGE, else the image of the operator's own container, \"manager\", read from its pod; required outside a cluster)")
 		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE, else the service account's; none outside the cluster)")
 		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
 		pprofAddr      = flag.String("pprof-bind-address", "0", "address serving Go's profiles at /debug/pprof/ (e.g. 127.0.0.1:6060, for diagnosing CPU or memory use); 0 disables it")
@@ -95,9 +95,19 @@ func main() {
 		log.Error(err, "cannot create the manager")
 		os.Exit(1)
 	}
-	operator, err := operatorPods(*operatorNS, *operatorLabels, mgr.GetAPIReader())
+	self, err := ownPod(*operatorNS, mgr.GetAPIReader())
+	if err != nil {
+		log.Error(err, "cannot read the operator's own pod")
+		os.Exit(1)
+	}
+	operator, err := operatorPods(self, *operatorLabels)
 	if err != nil {
 		log.Error(err, "clusters' NetworkPolicies would refuse the operator")
+		os.Exit(1)
+	}
+	jobs, err := jobImage(*backupImage, self)
+	if err != nil {
+		log.Error(err, "backup Jobs would have no image")
 		os.Exit(1)
 	}
 	r := &controllers.KVClusterReconciler{
@@ -107,16 +117,12 @@ func main() {
 		Members:        members.EtcdClient{Timeout: *etcdTimeout, DialOptions: simulatedMembers()},
 		Clock:          clock.RealClock{},
 		EtcdRepository: *etcdRepository,
-		BackupImage:    *backupImage,
+		BackupImage:    jobs,
 		Workers:        *workers,
 		Operator:       operator,
 	}
 	if operator.Namespace == "" {
 		log.Info("running outside the cluster: clusters' NetworkPolicies name no operator pods, so the operator's traffic must come from a node")
-	}
-	if r.BackupImage == "" {
-		log.Error(nil, "--backup-image (or OPERATOR_IMAGE) is required: backup Jobs run the operator's own image")
-		os.Exit(1)
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		log.Error(err, "cannot set up the KVCluster controller")
@@ -125,7 +131,7 @@ func main() {
 	must(metrics.Registry.Register(controllers.NewClusterCollector(mgr.GetCache(), mgr.Elected())))
 	must(mgr.AddHealthzCheck("healthz", healthz.Ping))
 	must(mgr.AddReadyzCheck("readyz", healthz.Ping))
-	log.Info("starting manager", "etcdRepository", *etcdRepository, "leaderElection", *leaderElect)
+	log.Info("starting manager", "etcdRepository", *etcdRepository, "leaderElection", *leaderElect, "jobImage", jobs)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		log.Error(err, "manager stopped with an error")
 		os.Exit(1)
@@ -183,35 +189,70 @@ func must(err error) {
 // serviceAccountNamespace is where Kubernetes tells a pod its namespace.
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-// operatorPods finds the operator's own pods, which every cluster's NetworkPolicy admits: in a
-// pod, its namespace (the flag, else the service account's) and the labels the flag names, which
-// must select the operator's own pod — else the policies would lock the operator out of every
-// cluster it manages. Outside a cluster (no service account), none.
-func operatorPods(namespace, podLabels string, reader client.Reader) (specs.OperatorPods, error) {
-	selector, err := labels.ConvertSelectorToLabelsMap(podLabels)
-	if err != nil {
-		return specs.OperatorPods{}, fmt.Errorf("--operator-pod-labels must be k=v[,k=v...]: %w", err)
-	}
+// ownPod is the operator's own pod, found by its host name (a pod's host name is its name) in
+// namespace (the flag, else the service account's); nil outside a cluster (no service account).
+func ownPod(namespace string, reader client.Reader) (*corev1.Pod, error) {
 	if namespace == "" {
 		data, err := os.ReadFile(serviceAccountNamespace)
 		if err != nil { // not in a pod
-			return specs.OperatorPods{}, nil
+			return nil, nil
 		}
 		namespace = strings.TrimSpace(string(data))
 	}
-	name, err := os.Hostname() // a pod's host name is its name
+	name, err := os.Hostname()
 	if err != nil {
-		return specs.OperatorPods{}, err
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var pod corev1.Pod
 	if err := reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &pod); err != nil {
-		return specs.OperatorPods{}, fmt.Errorf("read the operator's own pod %s/%s to check --operator-pod-labels: %w", namespace, name, err)
+		return nil, fmt.Errorf("read the operator's own pod %s/%s: %w", namespace, name, err)
 	}
-	if !labels.SelectorFromSet(selector).Matches(labels.Set(pod.Labels)) {
+	return &pod, nil
+}
+
+// operatorPods are the operator's own pods, which every cluster's NetworkPolicy admits: the
+// namespace of its pod and the labels the flag names, which must select its pod — else the
+// policies would lock the operator out of every cluster it manages. Outside a cluster, none.
+func operatorPods(self *corev1.Pod, podLabels string) (specs.OperatorPods, error) {
+	selector, err := labels.ConvertSelectorToLabelsMap(podLabels)
+	if err != nil {
+		return specs.OperatorPods{}, fmt.Errorf("--operator-pod-labels must be k=v[,k=v...]: %w", err)
+	}
+	if self == nil {
+		return specs.OperatorPods{}, nil
+	}
+	if !labels.SelectorFromSet(selector).Matches(labels.Set(self.Labels)) {
 		return specs.OperatorPods{}, fmt.Errorf("--operator-pod-labels=%s does not select the operator's own pod %s/%s (labels %v)",
-			podLabels, namespace, name, pod.Labels)
+			podLabels, self.Namespace, self.Name, self.Labels)
 	}
-	return specs.OperatorPods{Namespace: namespace, Labels: selector}, nil
+	return specs.OperatorPods{Namespace: self.Namespace, Labels: selector}, nil
+}
+
+// managerContainer is the operator's container in its pod (deploy/manager).
+const managerContainer = "manager"
+
+// jobImage is the image of the Jobs and init containers the operator starts, which run its own
+// subcommands: the one given (--backup-image, $OPERATOR_IMAGE), else its own container's. Setting
+// the Deployment's image (kustomize, Helm, kubectl set image) then sets both: a second copy of it
+// is one a user forgets, and backups would keep running an old operator.
+func jobImage(given string, self *corev1.Pod) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	if self == nil {
+		return "", fmt.Errorf("outside a cluster, give --backup-image (or OPERATOR_IMAGE): the operator's image, which backup Jobs run")
+	}
+	containers := self.Spec.Containers
+	for _, c := range containers {
+		if c.Name == managerContainer {
+			return c.Image, nil
+		}
+	}
+	if len(containers) == 1 {
+		return containers[0].Image, nil
+	}
+	return "", fmt.Errorf("the operator's pod %s/%s has no container named %q and more than one container: give --backup-image (the operator's image, which backup Jobs run)",
+		self.Namespace, self.Name, managerContainer)
 }
