@@ -7,16 +7,13 @@ import (
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/apimachinery/pkg/util/yaml"
-
 	"github.com/kvcluster/kvcluster-operator/backup/backuptest"
 )
 
 // TestOperatorImageIsSetInOnePlace: an overlay of deploy/default that sets the operator's image
 // the way `kustomize edit set image` does leaves no reference to the image it replaced, so backup
 // and restore Jobs cannot keep running the old one: the operator gives them its own container's
-// image (the container named "manager"), read from its pod at start.
+// image (ManagerContainer's), read from its pod at start.
 func TestOperatorImageIsSetInOnePlace(t *testing.T) {
 	kubectl := backuptest.RequireBinary(t, "KVC_KUBECTL_DIR", "kubectl")
 	base, err := filepath.Abs("default")
@@ -41,23 +38,11 @@ func TestOperatorImageIsSetInOnePlace(t *testing.T) {
 			t.Errorf("the replaced image is still named: %s", strings.TrimSpace(line))
 		}
 	}
-	var manager []string
-	decoder := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(out)), 4096)
-	for {
-		var dep appsv1.Deployment
-		if err := decoder.Decode(&dep); err != nil {
-			break
-		}
-		if dep.Kind != "Deployment" {
-			continue
-		}
-		for _, c := range dep.Spec.Template.Spec.Containers {
-			if c.Name == "manager" {
-				manager = append(manager, c.Image)
-			}
-		}
+	_, manager, err := Manager(out)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(manager) != 1 || manager[0] != "registry.example/platform/kvc:v9.9.9" {
-		t.Errorf("images of the containers named manager: %q, want the overlay's, once", manager)
+	if manager.Image != "registry.example/platform/kvc:v9.9.9" {
+		t.Errorf("the manager container's image is %q, want the overlay's", manager.Image)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/kvcluster/kvcluster-operator/controllers"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+	"github.com/kvcluster/kvcluster-operator/deploy"
 )
 
 func main() {
@@ -230,9 +231,6 @@ func operatorPods(self *corev1.Pod, podLabels string) (specs.OperatorPods, error
 	return specs.OperatorPods{Namespace: self.Namespace, Labels: selector}, nil
 }
 
-// managerContainer is the operator's container in its pod (deploy/manager).
-const managerContainer = "manager"
-
 // jobImage is the image of the Jobs and init containers the operator starts, which run its own
 // subcommands: the one given (--backup-image, $OPERATOR_IMAGE), else its own container's. Setting
 // the Deployment's image (kustomize, Helm, kubectl set image) then sets both: a second copy of it
@@ -246,7 +244,7 @@ func jobImage(given string, self *corev1.Pod) (string, error) {
 	}
 	containers := self.Spec.Containers
 	for _, c := range containers {
-		if c.Name == managerContainer {
+		if c.Name == deploy.ManagerContainer {
 			return c.Image, nil
 		}
 	}
@@ -254,5 +252,5 @@ func jobImage(given string, self *corev1.Pod) (string, error) {
 		return containers[0].Image, nil
 	}
 	return "", fmt.Errorf("the operator's pod %s/%s has no container named %q and more than one container: give --backup-image (the operator's image, which backup Jobs run)",
-		self.Namespace, self.Name, managerContainer)
+		self.Namespace, self.Name, deploy.ManagerContainer)
 }

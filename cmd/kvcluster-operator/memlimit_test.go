@@ -1,12 +1,9 @@
 package main
 
 import (
-	"os"
-	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
-	"sigs.k8s.io/yaml"
+	"github.com/kvcluster/kvcluster-operator/deploy"
 )
 
 func TestGoMemoryLimit(t *testing.T) {
@@ -35,34 +32,22 @@ func TestGoMemoryLimit(t *testing.T) {
 // TestDeploymentGivesItsMemoryLimit: the shipped Deployment passes the manager container's own
 // memory limit, so the Go limit follows when someone changes the container's.
 func TestDeploymentGivesItsMemoryLimit(t *testing.T) {
-	data, err := os.ReadFile("../../deploy/manager/manager.yaml")
+	_, c, err := deploy.Manager(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dep appsv1.Deployment
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		var d appsv1.Deployment
-		if err := yaml.Unmarshal([]byte(doc), &d); err != nil {
-			t.Fatal(err)
+	for _, e := range c.Env {
+		if e.Name != "MEMORY_LIMIT" {
+			continue
 		}
-		if d.Kind == "Deployment" {
-			dep = d
+		if r := e.ValueFrom; r == nil || r.ResourceFieldRef == nil || r.ResourceFieldRef.Resource != "limits.memory" ||
+			r.ResourceFieldRef.ContainerName != c.Name || !r.ResourceFieldRef.Divisor.IsZero() {
+			t.Fatalf("MEMORY_LIMIT of container %s is %+v, want its own limits.memory in bytes", c.Name, e.ValueFrom)
 		}
-	}
-	for _, c := range dep.Spec.Template.Spec.Containers {
-		for _, e := range c.Env {
-			if e.Name != "MEMORY_LIMIT" {
-				continue
-			}
-			if r := e.ValueFrom; r == nil || r.ResourceFieldRef == nil || r.ResourceFieldRef.Resource != "limits.memory" ||
-				r.ResourceFieldRef.ContainerName != c.Name || !r.ResourceFieldRef.Divisor.IsZero() {
-				t.Fatalf("MEMORY_LIMIT of container %s is %+v, want its own limits.memory in bytes", c.Name, e.ValueFrom)
-			}
-			if _, ok := c.Resources.Limits["memory"]; !ok {
-				t.Fatalf("container %s has no memory limit to pass", c.Name)
-			}
-			return
+		if _, ok := c.Resources.Limits["memory"]; !ok {
+			t.Fatalf("container %s has no memory limit to pass", c.Name)
 		}
+		return
 	}
 	t.Fatal("the manager container gets no MEMORY_LIMIT")
 }

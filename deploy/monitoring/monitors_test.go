@@ -4,16 +4,15 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+	"github.com/kvcluster/kvcluster-operator/deploy"
 )
 
 // monitor is what the ServiceMonitor and PodMonitor say about their targets.
@@ -65,21 +64,17 @@ func TestMonitorsSelectWhatTheOperatorCreates(t *testing.T) {
 		t.Errorf("the ServiceMonitor scrapes with scheme %q, honorLabels %t: want https, and the series' own namespace kept", e.Scheme, e.HonorLabels)
 	}
 	// The Service's target port is a port of the operator's container, the one it serves on.
-	docs := strings.Split(string(mustRead(t, "../manager/manager.yaml")), "\n---\n")
+	d, c, err := deploy.Manager(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !selects(metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, d.Spec.Template.Labels) {
+		t.Errorf("the metrics Service's selector %v does not select the operator's pods %v", svc.Spec.Selector, d.Spec.Template.Labels)
+	}
 	var served bool
-	for _, doc := range docs {
-		var d appsv1.Deployment
-		if err := yaml.Unmarshal([]byte(doc), &d); err != nil || d.Kind != "Deployment" {
-			continue
-		}
-		if !selects(metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, d.Spec.Template.Labels) {
-			t.Errorf("the metrics Service's selector %v does not select the operator's pods %v", svc.Spec.Selector, d.Spec.Template.Labels)
-		}
-		c := d.Spec.Template.Spec.Containers[0]
-		for _, p := range c.Ports {
-			if p.Name == svc.Spec.Ports[0].TargetPort.StrVal && slices.Contains(c.Args, "--metrics-bind-address=:"+strconv.Itoa(int(p.ContainerPort))) {
-				served = true
-			}
+	for _, p := range c.Ports {
+		if p.Name == svc.Spec.Ports[0].TargetPort.StrVal && slices.Contains(c.Args, "--metrics-bind-address=:"+strconv.Itoa(int(p.ContainerPort))) {
+			served = true
 		}
 	}
 	if !served {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,9 +20,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
+
+	"github.com/kvcluster/kvcluster-operator/deploy"
 )
 
 // operator is the real operator binary (built with the kvcsim tag: its etcd connections go to the
@@ -71,23 +72,15 @@ func freePorts(n int) ([]int, error) {
 
 // deployedMemoryLimit is the memory limit of the manager container of the shipped Deployment.
 func deployedMemoryLimit() (int64, error) {
-	const manifest = "deploy/manager/manager.yaml"
-	data, err := os.ReadFile(manifest)
+	_, manager, err := deploy.Manager(nil)
 	if err != nil {
 		return 0, err
 	}
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		var dep appsv1.Deployment
-		if err := yaml.Unmarshal([]byte(doc), &dep); err != nil {
-			return 0, fmt.Errorf("%s: %w", manifest, err)
-		}
-		for _, c := range dep.Spec.Template.Spec.Containers {
-			if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && c.Name == "manager" {
-				return q.Value(), nil
-			}
-		}
+	q, ok := manager.Resources.Limits[corev1.ResourceMemory]
+	if !ok {
+		return 0, errors.New("the shipped manager container has no memory limit")
 	}
-	return 0, fmt.Errorf("%s: no manager container with a memory limit", manifest)
+	return q.Value(), nil
 }
 
 func startOperator(work, kubeconfig, simulated string, workers int) (*operator, error) {
