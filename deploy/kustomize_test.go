@@ -29,9 +29,12 @@ func TestOperatorImageIsSetInOnePlace(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(kubectl, "kustomize", overlay).CombinedOutput()
+	var stderr strings.Builder
+	render := exec.Command(kubectl, "kustomize", overlay)
+	render.Stderr = &stderr
+	out, err := render.Output()
 	if err != nil {
-		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+		t.Fatalf("kubectl kustomize: %v\n%s", err, stderr.String())
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.Contains(line, "ghcr.io/kvcluster/kvcluster-operator") {

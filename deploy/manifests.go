@@ -3,6 +3,7 @@
 package deploy
 
 import (
+	"bufio"
 	"bytes"
 	_ "embed"
 	"errors"
@@ -11,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
 
@@ -28,16 +30,25 @@ func Manager(manifests []byte) (*appsv1.Deployment, *corev1.Container, error) {
 	}
 	var found *appsv1.Deployment
 	var manager *corev1.Container
-	decoder := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifests), 4096)
+	// Only Deployments are decoded as one: another kind's fields may not fit a Deployment's.
+	reader := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(manifests)))
 	for {
-		var dep appsv1.Deployment
-		if err := decoder.Decode(&dep); errors.Is(err, io.EOF) {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			return nil, nil, fmt.Errorf("manifests: %w", err)
 		}
-		if dep.Kind != "Deployment" {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			return nil, nil, fmt.Errorf("manifests: %w", err)
+		}
+		if meta.Kind != "Deployment" {
 			continue
+		}
+		var dep appsv1.Deployment
+		if err := yaml.Unmarshal(doc, &dep); err != nil {
+			return nil, nil, fmt.Errorf("manifests: Deployment: %w", err)
 		}
 		for i, c := range dep.Spec.Template.Spec.Containers {
 			if c.Name != ManagerContainer {

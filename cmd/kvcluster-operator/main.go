@@ -111,6 +111,10 @@ func main() {
 		log.Error(err, "backup Jobs would have no image")
 		os.Exit(1)
 	}
+	if own, _ := jobImage("", self); *backupImage != "" && own != "" && own != jobs {
+		// An OPERATOR_IMAGE left from an older manifest would keep Jobs on an old operator.
+		log.Info("WARNING: backup Jobs run the image --backup-image or OPERATOR_IMAGE gives, not the operator's own", "jobImage", jobs, "operatorImage", own)
+	}
 	r := &controllers.KVClusterReconciler{
 		Client:         mgr.GetClient(),
 		APIReader:      mgr.GetAPIReader(),

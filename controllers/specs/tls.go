@@ -49,12 +49,15 @@ func TLSSecretName(kvc *kvv1.KVCluster, part string) string {
 			return t.Secrets.Client
 		}
 	}
-	return operatorTLSSecretName(kvc, part)
+	return kvc.Name + "-tls-" + part
 }
 
-// operatorTLSSecretName is the Secret of the operator's own certificates for a part.
-func operatorTLSSecretName(kvc *kvv1.KVCluster, part string) string {
-	return kvc.Name + "-tls-" + part
+// operatorIssued: the members' certificates are the operator's, from the cluster's own CA (mode
+// Operator, or back to plaintext from it). Decided by the mode, not by Secret names: Secrets you
+// name may be called <name>-tls-peer too.
+func operatorIssued(kvc *kvv1.KVCluster) bool {
+	t := kvc.Spec.TLS
+	return t == nil || t.Mode == kvv1.TLSOperator || t.Mode != kvv1.TLSSecrets && t.Secrets == nil
 }
 
 // ServerNames are the names a client may dial a member's client port by, which its certificate
@@ -156,7 +159,7 @@ func etcdTLSArgs(kvc *kvv1.KVCluster, t Transport) []string {
 			"--peer-key-file="+tlsFile(TLSPeer, corev1.TLSPrivateKeyKey),
 			"--peer-trusted-ca-file="+tlsFile(TLSPeer, CACertKey),
 			"--peer-client-cert-auth")
-		if TLSSecretName(kvc, TLSPeer) == operatorTLSSecretName(kvc, TLSPeer) {
+		if operatorIssued(kvc) {
 			args = append(args,
 				"--peer-skip-client-san-verification",
 				"--peer-cert-allowed-hostname="+PeerNames(kvc)[0])

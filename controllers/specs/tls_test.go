@@ -35,6 +35,11 @@ func TestTLSMembers(t *testing.T) {
 		{name: "Disabled is plaintext", kvc: withTLS(cluster(3), kvv1.TLSDisabled), wantScheme: "http"},
 		{name: "the operator's certificates", kvc: withTLS(cluster(3), kvv1.TLSOperator), wantScheme: "https", wantSecrets: []string{"kv-tls-server", "kv-tls-peer"}, wantPeerCertOnly: true},
 		{name: "your Secrets", kvc: withTLS(cluster(3), kvv1.TLSSecrets), wantScheme: "https", wantSecrets: []string{"my-server", "my-peer"}},
+		{name: "your Secrets, named like the operator's", kvc: func() *kvv1.KVCluster {
+			kvc := withTLS(cluster(3), kvv1.TLSSecrets)
+			kvc.Spec.TLS.Secrets = &kvv1.TLSSecretNames{Server: "kv-tls-server", Peer: "kv-tls-peer", Client: "kv-tls-client"}
+			return kvc
+		}(), wantScheme: "https", wantSecrets: []string{"kv-tls-server", "kv-tls-peer"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
