@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -142,5 +143,66 @@ func TestNewClustersAreSecureByDefault(t *testing.T) {
 	}
 	if got := modesOf("gitops"); got != "Operator/Managed" {
 		t.Errorf("a manager that stopped stating spec.tls and spec.networkPolicy turned them to %q", got)
+	}
+}
+
+// TestABackupAskedForWithoutDestinationIsRefusedAtAdmission: with deploy/admission's
+// backup-now policy, a new value of kvcluster.io/backup-now is refused when the KVCluster has no
+// spec.backup or the value is too long, saying why; a value already there is not checked again,
+// so a GitOps tool re-applying a manifest that still carries it after spec.backup went is not refused.
+func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("backupnowpolicy")
+	raw, err := os.ReadFile(filepath.Join("..", "deploy", "admission", "backup-now.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(raw), "\n---\n")
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &policy) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &binding) != nil {
+		t.Fatal("deploy/admission/backup-now.yaml is not one policy and its binding")
+	}
+	policy.Name += "-" + ns
+	binding.Name, binding.Spec.PolicyName = binding.Name+"-"+ns, policy.Name
+	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}
+	for _, obj := range []client.Object{&policy, &binding} {
+		if err := h.client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = h.client.Delete(ctx, obj) })
+	}
+
+	plain := newKVCluster(ns, "plain", 1)
+	h.create(plain)
+	backedUp := withBackups(newKVCluster(ns, "backedup", 1), "")
+	h.create(backedUp)
+	annotate := func(kvc *kvv1.KVCluster, token string) error {
+		k := h.fresh(kvc)
+		k.Annotations = map[string]string{kvv1.AnnotationBackupNow: token}
+		return h.client.Update(ctx, k)
+	}
+	// The policy takes effect within seconds of its creation; until then each try is a new value.
+	for i := range 60 {
+		if err = annotate(plain, fmt.Sprintf("try-%d", i)); err != nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "spec.backup is unset") {
+		t.Fatalf("asking a KVCluster without spec.backup for a backup: %v, want refused because spec.backup is unset", err)
+	}
+	if err := annotate(backedUp, strings.Repeat("x", 64)); err == nil || !strings.Contains(err.Error(), "at most 63 characters") {
+		t.Errorf("a 64-character token: %v, want refused as too long", err)
+	}
+	if err := annotate(backedUp, "2026-12-03T07:00:00Z"); err != nil {
+		t.Fatalf("asking a KVCluster with spec.backup for a backup is refused: %v", err)
+	}
+	k := h.fresh(backedUp)
+	k.Spec.Backup = nil
+	if err := h.client.Update(ctx, k); err != nil {
+		t.Errorf("dropping spec.backup while an answered request is still annotated is refused: %v", err)
 	}
 }

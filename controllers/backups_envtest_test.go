@@ -426,3 +426,78 @@ func withLabels(labels map[string]string, kv ...string) map[string]string {
 	}
 	return out
 }
+
+// TestBackupNowTakesOneBackupPerToken: kvcluster.io/backup-now=<token> takes one backup through
+// the backup Job path, however often the cluster is reconciled and across operator restarts;
+// status.backupRequest follows it to its outcome, which a pruned Job does not undo; a Job deleted
+// while it ran fails its request, saying so.
+func TestBackupNowTakesOneBackupPerToken(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("backupnow")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	drainEvents(h)
+
+	const token = "2026-12-03T07:00:00Z"
+	h.setAnnotation(kvc, kvv1.AnnotationBackupNow, token)
+	for range 3 {
+		h.reconcile(kvc)
+	}
+	h.restartOperator()
+	h.reconcile(kvc)
+	jobs := h.backupJobs(kvc)
+	if len(jobs) != 1 || jobs[0].Labels[specs.BackupKindLabel] != specs.BackupOnDemand || jobs[0].Annotations[kvv1.AnnotationBackupNow] != token {
+		t.Fatalf("jobs = %v, want exactly one on-demand backup Job for the token", names(jobs))
+	}
+	job := jobs[0]
+	req := h.fresh(kvc).Status.BackupRequest
+	if req == nil || req.Token != token || req.State != kvv1.BackupRequestRunning || req.Job != job.Name {
+		t.Fatalf("status.backupRequest = %+v, want %s running", req, job.Name)
+	}
+	if ev := drainEvents(h); strings.Count(ev, "BackupStarted") != 1 || !strings.Contains(ev, token) {
+		t.Errorf("events = %q, want one BackupStarted naming the token", ev)
+	}
+
+	h.finishJob(&job, true, successReport("team/"+ns+"/kv/"+job.Name+".db"))
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	req = got.Status.BackupRequest
+	if req.State != kvv1.BackupRequestSucceeded || req.Backup == nil || req.Backup.Revision != 42 || !strings.HasPrefix(req.Backup.Location, "s3://backups/team/") {
+		t.Fatalf("status.backupRequest = %+v, want Succeeded with where the backup went", req)
+	}
+	if got.Status.LastBackup == nil || got.Status.LastBackup.Job != job.Name || got.Status.LastBackupTime == nil {
+		t.Errorf("lastBackup %+v, lastBackupTime %v: want the on-demand backup recorded as the last one", got.Status.LastBackup, got.Status.LastBackupTime)
+	}
+	h.assertIdle(kvc, "after an on-demand backup")
+
+	// Its Job pruned, the same token takes no second backup.
+	if err := h.client.Delete(context.Background(), &job, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	if jobs := h.backupJobs(kvc); len(jobs) != 0 {
+		t.Fatalf("the answered token started %v again", names(jobs))
+	}
+	if req := h.fresh(kvc).Status.BackupRequest; req.State != kvv1.BackupRequestSucceeded {
+		t.Errorf("status.backupRequest = %+v after its Job went, want it still Succeeded", req)
+	}
+
+	// A new token is a new backup; its Job deleted while it runs fails the request.
+	h.setAnnotation(kvc, kvv1.AnnotationBackupNow, "second")
+	h.reconcile(kvc)
+	second := &batchv1.Job{}
+	h.get(second, ns, specs.OnDemandBackupJobName(kvc, "second"))
+	if err := h.client.Delete(context.Background(), second, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	drainEvents(h)
+	h.reconcile(kvc)
+	if req := h.fresh(kvc).Status.BackupRequest; req.Token != "second" || req.State != kvv1.BackupRequestFailed || !strings.Contains(req.Message, "deleted before it finished") {
+		t.Errorf("status.backupRequest = %+v, want the request failed because its Job was deleted", req)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning BackupFailed") {
+		t.Errorf("events = %q, want a Warning BackupFailed", ev)
+	}
+	if jobs := h.backupJobs(kvc); len(jobs) != 0 {
+		t.Errorf("a failed request started %v again", names(jobs))
+	}
+}

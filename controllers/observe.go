@@ -69,8 +69,11 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	}
 
 	var err error
-	if kvc.Spec.Backup != nil {
+	if kvc.Spec.Backup != nil || kvc.Status.BackupRequest != nil {
 		if obs.Jobs, obs.PreUpgradeJob, err = r.observeJobs(ctx, kvc); err != nil {
+			return obs, nil, err
+		}
+		if obs.BackupRequestJobGone, err = r.backupRequestJobGone(ctx, kvc, obs.Jobs); err != nil {
 			return obs, nil, err
 		}
 	}
@@ -264,14 +267,44 @@ func (r *KVClusterReconciler) observeJobs(ctx context.Context, kvc *kvv1.KVClust
 		}
 	}
 	slices.SortFunc(jobs, func(a, b plan.Job) int { return strings.Compare(a.Job.Name, b.Job.Name) })
-	if latest := plan.NewestFinished(jobs); latest != nil {
-		report, err := r.jobReport(ctx, latest.Job, false)
+	// The reports read are the newest finished Job's, and that of the backup asked for with
+	// kvcluster.io/backup-now until status.backupRequest holds its outcome.
+	reports := []*plan.Job{plan.NewestFinished(jobs)}
+	if token := kvc.Annotations[kvv1.AnnotationBackupNow]; token != "" {
+		name := specs.OnDemandBackupJobName(kvc, token)
+		if req := kvc.Status.BackupRequest; req == nil || req.Token != token || req.Backup == nil || req.Backup.Job != name {
+			if i := slices.IndexFunc(jobs, func(j plan.Job) bool { return j.Job.Name == name && j.Done }); i >= 0 {
+				reports = append(reports, &jobs[i])
+			}
+		}
+	}
+	for _, j := range reports {
+		if j == nil || j.Report != "" {
+			continue
+		}
+		report, err := r.jobReport(ctx, j.Job, false)
 		if err != nil {
 			return nil, nil, err
 		}
-		latest.Report = report
+		j.Report = report
 	}
 	return jobs, preUpgrade, nil
+}
+
+// backupRequestJobGone says whether the Job status.backupRequest says is running is gone: not in
+// jobs (the cache) nor on the API server.
+func (r *KVClusterReconciler) backupRequestJobGone(ctx context.Context, kvc *kvv1.KVCluster, jobs []plan.Job) (bool, error) {
+	req := kvc.Status.BackupRequest
+	if req == nil || req.State != kvv1.BackupRequestRunning || req.Job == "" || slices.ContainsFunc(jobs, func(j plan.Job) bool { return j.Job.Name == req.Job }) {
+		return false, nil
+	}
+	switch err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: req.Job}, &batchv1.Job{}); {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("get backup Job %s/%s: %w", kvc.Namespace, req.Job, err)
+	}
+	return false, nil
 }
 
 // jobReport is the termination message of a Job's pod (the backup program's result or error). Pods

@@ -16,6 +16,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -171,6 +172,39 @@ func TestBackups(t *testing.T) {
 			}
 			if got.Status.NextBackupTime == nil || !got.Status.NextBackupTime.After(got.Status.LastScheduledTime.Time) {
 				t.Errorf("nextBackupTime = %v, lastScheduledTime = %v", got.Status.NextBackupTime, got.Status.LastScheduledTime)
+			}
+			return ctx
+		}).
+		Assess("a backup asked for with kvcluster.io/backup-now lands in the bucket, once", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			const token = "e2e-on-demand-1"
+			if out, err := kubectl(cfg, "-n", kvc.Namespace, "annotate", "kvcluster", kvc.Name, kvv1.AnnotationBackupNow+"="+token); err != nil {
+				t.Fatalf("kubectl annotate: %v\n%s", err, out)
+			}
+			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
+				req := o.(*kvv1.KVCluster).Status.BackupRequest
+				return req != nil && req.Token == token && (req.State == kvv1.BackupRequestSucceeded || req.State == kvv1.BackupRequestFailed)
+			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
+			req := get(ctx, t, cfg, kvc).Status.BackupRequest
+			if err != nil || req.State != kvv1.BackupRequestSucceeded || req.Backup == nil {
+				out, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "jobs")
+				t.Fatalf("the backup asked for did not succeed within 3 minutes: %v\nstatus.backupRequest: %+v\n%s", err, req, out)
+			}
+			key := strings.TrimPrefix(req.Backup.Location, "s3://"+bucket+"/")
+			if sum, size := s3.objectSHA256(ctx, t, key); sum != req.Backup.SHA256 || size != req.Backup.Size {
+				t.Errorf("object %s has sha256 %s (%d bytes), status says %s (%d bytes)", key, sum, size, req.Backup.SHA256, req.Backup.Size)
+			}
+			var jobs batchv1.JobList
+			if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &jobs); err != nil {
+				t.Fatal(err)
+			}
+			asked := 0
+			for _, j := range jobs.Items {
+				if j.Annotations[kvv1.AnnotationBackupNow] == token {
+					asked++
+				}
+			}
+			if asked != 1 {
+				t.Errorf("%d Jobs for the token %s, want 1", asked, token)
 			}
 			return ctx
 		}).

@@ -20,6 +20,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.AutoCompactionSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupRecord"):
 		return &apisv1alpha1.BackupRecordApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("BackupRequest"):
+		return &apisv1alpha1.BackupRequestApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupRetention"):
 		return &apisv1alpha1.BackupRetentionApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackupSpec"):

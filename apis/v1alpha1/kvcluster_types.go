@@ -286,7 +286,7 @@ type BackupSpec struct {
 	Suspend bool `json:"suspend,omitempty"`
 
 	// JobHistoryLimit is how many finished Jobs of successful scheduled backups are kept (and the
-	// last failed one), so Jobs never pile up.
+	// last failed one), so Jobs never pile up; the same for on-demand backups (kvcluster.io/backup-now).
 	//
 	// +optional
 	// +kubebuilder:default=3
@@ -578,6 +578,36 @@ type BackupRecord struct {
 	Message string `json:"message,omitempty"`
 }
 
+// BackupRequest is an on-demand backup, asked for with the kvcluster.io/backup-now annotation.
+type BackupRequest struct {
+	// Token is the annotation's value this request answers.
+	Token string `json:"token"`
+	// State is Pending (waiting for another backup to finish or for the cluster to form), Running,
+	// Succeeded or Failed.
+	State BackupRequestState `json:"state"`
+	// Job that takes the backup, once started.
+	// +optional
+	Job string `json:"job,omitempty"`
+	// Message says what a pending request waits for, or why it failed.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Backup is the finished backup: where it was written, its size, digest and revision.
+	// +optional
+	Backup *BackupRecord `json:"backup,omitempty"`
+}
+
+// BackupRequestState is where an on-demand backup stands.
+//
+// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed
+type BackupRequestState string
+
+const (
+	BackupRequestPending   BackupRequestState = "Pending"
+	BackupRequestRunning   BackupRequestState = "Running"
+	BackupRequestSucceeded BackupRequestState = "Succeeded"
+	BackupRequestFailed    BackupRequestState = "Failed"
+)
+
 // DeletionStepName names a step the operator takes when a KVCluster is deleted, before its members go.
 //
 // +kubebuilder:validation:Enum=Drain;FinalBackup;Deregistration
@@ -784,6 +814,13 @@ const (
 	// cluster's CA (tls.mode Operator) with overlap: members trust old and new, certificates are
 	// issued anew, then the old CA is dropped; members restart twice, one at a time.
 	AnnotationRotateCA = "kvcluster.io/rotate-ca"
+	// AnnotationBackupNow: a new value (any token of at most 63 characters, e.g. a date) takes one
+	// backup now, through the same Job path as scheduled ones, into spec.backup; status.backupRequest
+	// follows it. A value already answered is never taken again, and the backup waits while
+	// another one runs. Scheduled backups keep to their schedule.
+	AnnotationBackupNow = "kvcluster.io/backup-now"
+	// MaxBackupNowToken is the longest value of AnnotationBackupNow taken.
+	MaxBackupNowToken = 63
 	// FinalizerFinalBackup holds deletion until the final backup finished (or was given up).
 	FinalizerFinalBackup = "kvcluster.io/final-backup"
 )
@@ -876,6 +913,10 @@ type KVClusterStatus struct {
 	// LastBackup describes the most recently finished backup, successful or not.
 	// +optional
 	LastBackup *BackupRecord `json:"lastBackup,omitempty"`
+
+	// BackupRequest is where the backup most recently asked for with kvcluster.io/backup-now stands.
+	// +optional
+	BackupRequest *BackupRequest `json:"backupRequest,omitempty"`
 
 	// LastProgressTime is when the phase was entered or the number of ready members last changed;
 	// the progress deadline counts from it.

@@ -60,25 +60,50 @@ func dueSlot(kvc *kvv1.KVCluster, running bool, now time.Time) slot {
 }
 
 // planBackups records finished backups in st (the status about to be written), decides the Job
-// due now and the Jobs to prune, and says when to look again (0: no schedule). No backup is taken
-// when what answers at the members' names is someone else's (obs.STSForeign).
-func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, now time.Time, image string) (Backups, []Event, time.Duration) {
+// to start now (a schedule slot's, or the one asked for with kvcluster.io/backup-now) and the Jobs
+// to prune, and says when to look again (0: no schedule). busy names a backup Job being started
+// elsewhere in this reconcile (the pre-upgrade one), "" if none: two backups never run at once.
+func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, now time.Time, image, busy string) (Backups, []Event, time.Duration) {
 	var out Backups
+	var events []Event
+	var requeue time.Duration
 	if kvc.Spec.Backup == nil {
+		st.NextBackupTime = nil
+	} else {
+		// Every finished backup is recorded, whichever kind it is.
+		if rec, isNew := RecordFinishedBackups(st, kvc, obs.Jobs); isNew {
+			events = append(events, backupEvent(rec))
+		}
+		if i := slices.IndexFunc(obs.Jobs, func(j Job) bool { return !j.Done }); busy == "" && i >= 0 {
+			busy = obs.Jobs[i].Job.Name
+		}
+		var scheduleEvents []Event
+		out, scheduleEvents, requeue = planSchedule(kvc, obs, st, now, image, busy)
+		events = append(events, scheduleEvents...)
+		if out.Start != nil {
+			busy = *out.Start.Name
+		}
+		out.Prune = jobsToPrune(kvc, obs.Jobs)
+	}
+	if start, started, requestEvents := answerBackupRequest(kvc, obs, st, now, image, busy); start != nil {
+		out.Start, out.Started = start, started
+	} else {
+		events = append(events, requestEvents...)
+	}
+	return out, events, requeue
+}
+
+// planSchedule decides whether a slot of backupSchedule is due now (never while busy names a
+// running backup), and when the next one is. No backup is taken when what answers at the members'
+// names is someone else's (obs.STSForeign).
+func planSchedule(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, now time.Time, image, busy string) (Backups, []Event, time.Duration) {
+	var out Backups
+	if kvc.Spec.BackupSchedule == "" {
 		st.NextBackupTime = nil
 		return out, nil, 0
 	}
-	// Every finished backup is recorded, scheduled or not (the one taken before an upgrade).
 	var events []Event
-	if rec, isNew := RecordFinishedBackups(st, kvc, obs.Jobs); isNew {
-		events = append(events, backupEvent(rec))
-	}
-	if kvc.Spec.BackupSchedule == "" {
-		st.NextBackupTime = nil
-		return out, events, 0
-	}
-	running := slices.ContainsFunc(obs.Jobs, func(j Job) bool { return !j.Done })
-	s := dueSlot(kvc, running, now)
+	s := dueSlot(kvc, busy != "", now)
 	if obs.STSForeign {
 		s.at = time.Time{}
 	}
@@ -112,23 +137,98 @@ func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus,
 	}
 	next := metav1.NewTime(s.next)
 	st.NextBackupTime = &next
-	out.Prune = jobsToPrune(kvc, obs.Jobs)
 	return out, events, max(s.next.Sub(now), time.Second)
 }
 
-// jobsToPrune keeps the newest jobHistoryLimit successful scheduled Jobs and the newest failed one,
-// so finished Jobs never pile up. It never picks a running Job, or one that is not scheduled.
+// answerBackupRequest follows the backup asked for with kvcluster.io/backup-now in
+// st.BackupRequest, and returns its Job when it is to start now. A value is answered once: the
+// request it made is recorded with its token, and its Job's name follows from the token, so
+// neither a retried reconcile nor a status written from a stale cache starts a second backup. A
+// new request waits while busy names a running backup and until the cluster has formed.
+func answerBackupRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, now time.Time, image, busy string) (*batchv1ac.JobApplyConfiguration, Event, []Event) {
+	token := kvc.Annotations[kvv1.AnnotationBackupNow]
+	if token == "" {
+		return nil, Event{}, nil
+	}
+	prev := st.BackupRequest
+	req := &kvv1.BackupRequest{Token: token, State: kvv1.BackupRequestPending}
+	if prev != nil && prev.Token == token {
+		req = prev.DeepCopy()
+	}
+	name := specs.OnDemandBackupJobName(kvc, token)
+	i := slices.IndexFunc(obs.Jobs, func(j Job) bool { return j.Job.Name == name })
+	switch {
+	case i >= 0 && obs.Jobs[i].Job.Annotations[kvv1.AnnotationBackupNow] != token:
+		req.State, req.Job, req.Message = kvv1.BackupRequestFailed, "", fmt.Sprintf("the Job %s of this request's name was started for %s=%s: "+
+			"set another value to take a backup", name, kvv1.AnnotationBackupNow, obs.Jobs[i].Job.Annotations[kvv1.AnnotationBackupNow])
+	case i >= 0:
+		req.Job, req.Message = name, ""
+		switch j := obs.Jobs[i]; {
+		case !j.Done:
+			req.State = kvv1.BackupRequestRunning
+		case req.Backup == nil || req.Backup.Job != name || req.State == kvv1.BackupRequestRunning:
+			rec := backupRecord(j)
+			req.State, req.Backup = kvv1.BackupRequestFailed, &rec
+			if rec.Succeeded {
+				req.State = kvv1.BackupRequestSucceeded
+			} else {
+				req.Message = rec.Message
+			}
+		}
+	case req.State == kvv1.BackupRequestSucceeded || req.State == kvv1.BackupRequestFailed:
+		// Answered; its Job may have been pruned since.
+	case req.State == kvv1.BackupRequestRunning && obs.BackupRequestJobGone:
+		req.State, req.Message = kvv1.BackupRequestFailed, fmt.Sprintf("the Job %s was deleted before it finished: set a new value of %s to take another backup",
+			req.Job, kvv1.AnnotationBackupNow)
+	case req.State == kvv1.BackupRequestRunning:
+		// Started a moment ago: the cache does not hold its Job yet.
+	case len(token) > kvv1.MaxBackupNowToken:
+		req.State, req.Message = kvv1.BackupRequestFailed, fmt.Sprintf("the value of %s has %d characters, more than %d: set a shorter one, e.g. the date",
+			kvv1.AnnotationBackupNow, len(token), kvv1.MaxBackupNowToken)
+	case kvc.Spec.Backup == nil:
+		req.State, req.Message = kvv1.BackupRequestFailed, "spec.backup is unset: there is nowhere to write the backup; set spec.backup (s3 or pvc) and a new value of "+
+			kvv1.AnnotationBackupNow
+	case kvc.Status.Phase == kvv1.PhaseCreating || kvc.Status.Phase == "" || kvc.Status.CurrentVersion == "":
+		req.Message = "waiting for the cluster to form"
+	case obs.STSForeign:
+		req.Message = "waiting: what answers at the members' names is not this cluster's, so it is not backed up"
+	case busy != "":
+		req.Message = fmt.Sprintf("waiting for backup %s to finish", busy)
+	default:
+		req.State, req.Job, req.Message = kvv1.BackupRequestRunning, name, ""
+		st.BackupRequest = req
+		return specs.OnDemandBackupJob(kvc, token, obs.ClientScheme(kvc), image, now), Event{Type: corev1.EventTypeNormal, Reason: EventBackupStarted,
+			Action: "Backup", Message: fmt.Sprintf("started backup %s, asked for with %s=%s", name, kvv1.AnnotationBackupNow, token)}, nil
+	}
+	st.BackupRequest = req
+	var events []Event
+	if req.State == kvv1.BackupRequestFailed && req.Backup == nil && (prev == nil || prev.Token != token || prev.State != kvv1.BackupRequestFailed) {
+		events = append(events, Event{Type: corev1.EventTypeWarning, Reason: ReasonBackupFailed, Action: "Backup", Message: fmt.Sprintf(
+			"the backup asked for with %s=%s is not taken: %s", kvv1.AnnotationBackupNow, token, req.Message)})
+	}
+	return nil, Event{}, events
+}
+
+// jobsToPrune keeps, of scheduled and of on-demand backups each, the newest jobHistoryLimit
+// successful Jobs and the newest failed one, so finished Jobs never pile up. It never picks a
+// running Job, nor a pre-upgrade or final one.
 func jobsToPrune(kvc *kvv1.KVCluster, jobs []Job) []*batchv1.Job {
 	keep := map[bool]int{true: int(kvc.Spec.Backup.JobHistoryLimit), false: 1}
 	finished := slices.DeleteFunc(slices.Clone(jobs), func(j Job) bool {
-		return !j.Done || j.Job.Labels[specs.BackupKindLabel] != specs.BackupScheduled
+		kind := j.Job.Labels[specs.BackupKindLabel]
+		return !j.Done || kind != specs.BackupScheduled && kind != specs.BackupOnDemand
 	})
 	slices.SortFunc(finished, func(a, b Job) int { return b.FinishedAt.Compare(a.FinishedAt) }) // newest first
-	seen := map[bool]int{}
+	type group struct {
+		kind      string
+		succeeded bool
+	}
+	seen := map[group]int{}
 	var prune []*batchv1.Job
 	for _, j := range finished {
-		seen[j.Succeeded]++
-		if seen[j.Succeeded] > keep[j.Succeeded] {
+		g := group{j.Job.Labels[specs.BackupKindLabel], j.Succeeded}
+		seen[g]++
+		if seen[g] > keep[j.Succeeded] {
 			prune = append(prune, j.Job)
 		}
 	}

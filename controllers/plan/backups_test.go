@@ -2,6 +2,7 @@ package plan
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -51,6 +52,7 @@ func TestPlanBackups(t *testing.T) {
 		name        string
 		kvc         *kvv1.KVCluster
 		obs         Observation
+		busy        string // a backup Job being started elsewhere
 		now         time.Time
 		wantJob     string // the Job started, or ""
 		wantSkipped string // words of the BackupStarted event
@@ -69,6 +71,8 @@ func TestPlanBackups(t *testing.T) {
 		{name: "none while another backup runs", kvc: lastRan(backedUp("* * * * *"), t0.Add(-time.Minute)), now: t0.Add(5 * time.Second),
 			obs:      Observation{Jobs: []Job{backupJobAt("kv-1", "", time.Time{})}},
 			wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
+		{name: "none while the pre-upgrade backup starts", kvc: lastRan(backedUp("* * * * *"), t0.Add(-time.Minute)), now: t0.Add(5 * time.Second),
+			busy: "kv-preupgrade", wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
 		{name: "none while the cluster is created", kvc: creating, now: t0.Add(5 * time.Second), wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
 		{name: "none while suspended", kvc: suspended, now: t0.Add(5 * time.Second), wantNext: t0.Add(time.Minute), wantRequeue: 55 * time.Second},
 		{name: "never of someone else's members", kvc: lastRan(backedUp("* * * * *"), t0.Add(-time.Minute)), now: t0.Add(5 * time.Second),
@@ -77,7 +81,7 @@ func TestPlanBackups(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			st := *tt.kvc.Status.DeepCopy()
-			got, events, requeue := planBackups(tt.kvc, tt.obs, &st, tt.now, "operator:dev")
+			got, events, requeue := planBackups(tt.kvc, tt.obs, &st, tt.now, "operator:dev", tt.busy)
 			name := ""
 			if got.Start != nil {
 				name = *got.Start.Name
@@ -107,7 +111,7 @@ func TestPlanBackups(t *testing.T) {
 func TestAnInvalidScheduleIsAConditionAndOneEvent(t *testing.T) {
 	kvc := backedUp("59 23 31 2 *") // passes admission, never fires
 	st := *kvc.Status.DeepCopy()
-	got, events, requeue := planBackups(kvc, Observation{}, &st, t0, "operator:dev")
+	got, events, requeue := planBackups(kvc, Observation{}, &st, t0, "operator:dev", "")
 	cond := meta.FindStatusCondition(st.Conditions, kvv1.ConditionBackupSucceeded)
 	if got.Start != nil || requeue != 0 || st.NextBackupTime != nil || cond == nil || cond.Reason != ReasonInvalidSchedule || !strings.Contains(cond.Message, "never fires") {
 		t.Fatalf("start %v, requeue %v, next %v, condition %+v; want no backup and the InvalidSchedule condition", got.Start, requeue, st.NextBackupTime, cond)
@@ -116,7 +120,7 @@ func TestAnInvalidScheduleIsAConditionAndOneEvent(t *testing.T) {
 		t.Errorf("events = %+v, want one InvalidSchedule warning", events)
 	}
 	kvc.Status = st
-	if _, events, _ := planBackups(kvc, Observation{}, &st, t0.Add(time.Minute), "operator:dev"); len(events) != 0 {
+	if _, events, _ := planBackups(kvc, Observation{}, &st, t0.Add(time.Minute), "operator:dev", ""); len(events) != 0 {
 		t.Errorf("the warning repeats on the next reconcile: %+v", events)
 	}
 }
@@ -170,7 +174,7 @@ func TestASlotWhoseJobExistsIsNotStartedAgain(t *testing.T) {
 	kvc.Status.LastScheduledTime = &before
 	ran := backupJobAt(backup.JobName(kvc.Name, t0), batchv1.JobComplete, t0.Add(20*time.Second))
 	st := *kvc.Status.DeepCopy()
-	b, events, _ := planBackups(kvc, Observation{Jobs: []Job{ran}}, &st, t0.Add(30*time.Second), "op:1")
+	b, events, _ := planBackups(kvc, Observation{Jobs: []Job{ran}}, &st, t0.Add(30*time.Second), "op:1", "")
 	if b.Start != nil {
 		t.Errorf("the slot's Job %s is started again", *b.Start.Name)
 	}
@@ -205,5 +209,162 @@ func TestALongBackupReportStillSaysWhereTheBackupWent(t *testing.T) {
 	rec := backupRecord(Job{Job: job, Done: true, Succeeded: true, FinishedAt: t0, Report: report})
 	if rec.Location != res.Location || rec.Size != res.Size || rec.SHA256 != res.SHA256 || rec.Revision != res.Revision || rec.Pruned != 60 {
 		t.Errorf("recorded %+v, want where the backup went, its size, checksum, revision and 60 pruned", rec)
+	}
+}
+
+// onDemandJob is the Job of the backup asked for with token, finished (condition "" while it runs) at at.
+func onDemandJob(token string, condition batchv1.JobConditionType, at time.Time) Job {
+	j := backupJobAt(specs.OnDemandBackupJobName(backedUp(""), token), condition, at)
+	j.Job.Labels[specs.BackupKindLabel] = specs.BackupOnDemand
+	j.Job.Annotations = map[string]string{kvv1.AnnotationBackupNow: token}
+	return j
+}
+
+// TestBackupRequests: kvcluster.io/backup-now=<token> takes one backup per token through the Job
+// path of scheduled ones, never two at once, and status.backupRequest says where it stands.
+func TestBackupRequests(t *testing.T) {
+	asked := func(kvc *kvv1.KVCluster, token string, req *kvv1.BackupRequest) *kvv1.KVCluster {
+		kvc.Annotations = map[string]string{kvv1.AnnotationBackupNow: token}
+		kvc.Status.BackupRequest = req
+		return kvc
+	}
+	running := func(token string) *kvv1.BackupRequest {
+		return &kvv1.BackupRequest{Token: token, State: kvv1.BackupRequestRunning, Job: specs.OnDemandBackupJobName(backedUp(""), token)}
+	}
+	succeeded := onDemandJob("t1", batchv1.JobComplete, t0)
+	succeeded.Report = `{"location":"s3://b/ns/kv/uid-kv/kv-now.db","size":42,"sha256":"ab","revision":7,"etcdVersion":"3.7.3"}`
+	creating := backedUp("")
+	creating.Status.Phase, creating.Status.CurrentVersion = kvv1.PhaseCreating, ""
+	suspended := backedUp("")
+	suspended.Spec.Backup.Suspend = true
+	unscheduledSlotDue := backedUp("* * * * *")
+	collision := onDemandJob("t0", "", time.Time{})
+	collision.Job.Name = specs.OnDemandBackupJobName(backedUp(""), "t1")
+	tests := []struct {
+		name      string
+		kvc       *kvv1.KVCluster
+		obs       Observation
+		busy      string
+		wantStart string // the Job started, or ""
+		wantState kvv1.BackupRequestState
+		wantWords string // in status.backupRequest.message
+		wantEvent string // reason of a warning event, or ""
+	}{
+		{name: "a new token starts its backup", kvc: asked(backedUp(""), "t1", nil),
+			wantStart: specs.OnDemandBackupJobName(backedUp(""), "t1"), wantState: kvv1.BackupRequestRunning},
+		{name: "suspended schedules do not hold back a backup asked for", kvc: asked(suspended, "t1", nil),
+			wantStart: specs.OnDemandBackupJobName(backedUp(""), "t1"), wantState: kvv1.BackupRequestRunning},
+		{name: "a token started is not started again while its Job runs", kvc: asked(backedUp(""), "t1", running("t1")),
+			obs: Observation{Jobs: []Job{onDemandJob("t1", "", time.Time{})}}, wantState: kvv1.BackupRequestRunning},
+		{name: "nor when the cache does not hold its Job yet", kvc: asked(backedUp(""), "t1", running("t1")), wantState: kvv1.BackupRequestRunning},
+		{name: "nor when the status write that recorded it was lost", kvc: asked(backedUp(""), "t1",
+			&kvv1.BackupRequest{Token: "t0", State: kvv1.BackupRequestSucceeded}),
+			obs: Observation{Jobs: []Job{onDemandJob("t1", "", time.Time{})}}, wantState: kvv1.BackupRequestRunning},
+		{name: "its finished Job is recorded", kvc: asked(backedUp(""), "t1", running("t1")),
+			obs: Observation{Jobs: []Job{succeeded}}, wantState: kvv1.BackupRequestSucceeded},
+		{name: "a token answered is not taken again once its Job is pruned", kvc: asked(backedUp(""), "t1",
+			&kvv1.BackupRequest{Token: "t1", State: kvv1.BackupRequestSucceeded, Job: "kv-now-1"}), wantState: kvv1.BackupRequestSucceeded},
+		{name: "its Job deleted while it ran fails the request", kvc: asked(backedUp(""), "t1", running("t1")),
+			obs: Observation{BackupRequestJobGone: true}, wantState: kvv1.BackupRequestFailed, wantWords: "deleted before it finished", wantEvent: ReasonBackupFailed},
+		{name: "waits while a scheduled backup runs", kvc: asked(backedUp(""), "t1", nil),
+			obs: Observation{Jobs: []Job{backupJobAt("kv-1", "", time.Time{})}}, wantState: kvv1.BackupRequestPending, wantWords: "waiting for backup kv-1 to finish"},
+		{name: "waits while the previous token's backup runs", kvc: asked(backedUp(""), "t1", running("t0")),
+			obs: Observation{Jobs: []Job{onDemandJob("t0", "", time.Time{})}}, wantState: kvv1.BackupRequestPending,
+			wantWords: "waiting for backup " + specs.OnDemandBackupJobName(backedUp(""), "t0")},
+		{name: "waits for the slot's backup starting now", kvc: asked(unscheduledSlotDue, "t1", nil),
+			wantStart: backup.JobName("kv", t0), wantState: kvv1.BackupRequestPending, wantWords: "waiting for backup " + backup.JobName("kv", t0)},
+		{name: "waits for the pre-upgrade backup starting now", kvc: asked(backedUp(""), "t1", nil), busy: "kv-preupgrade",
+			wantState: kvv1.BackupRequestPending, wantWords: "waiting for backup kv-preupgrade to finish"},
+		{name: "waits for the cluster to form", kvc: asked(creating, "t1", nil), wantState: kvv1.BackupRequestPending, wantWords: "form"},
+		{name: "never of someone else's members", kvc: asked(backedUp(""), "t1", nil), obs: Observation{STSForeign: true},
+			wantState: kvv1.BackupRequestPending, wantWords: "not this cluster's"},
+		{name: "without spec.backup it fails, saying why", kvc: func() *kvv1.KVCluster {
+			kvc := asked(backedUp(""), "t1", nil)
+			kvc.Spec.Backup = nil
+			return kvc
+		}(), wantState: kvv1.BackupRequestFailed, wantWords: "spec.backup is unset", wantEvent: ReasonBackupFailed},
+		{name: "a token too long is refused, saying why", kvc: asked(backedUp(""), "t1"+strings.Repeat("0", 62), nil),
+			wantState: kvv1.BackupRequestFailed, wantWords: "more than 63", wantEvent: ReasonBackupFailed},
+		{name: "a Job of the same name for another token is not taken for this one", kvc: asked(backedUp(""), "t1", nil),
+			obs: Observation{Jobs: []Job{collision}}, wantState: kvv1.BackupRequestFailed, wantWords: "set another value", wantEvent: ReasonBackupFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.kvc.CreationTimestamp = metav1.NewTime(t0.Add(-30 * time.Second)) // no slot due unless the schedule is every minute
+			st := *tt.kvc.Status.DeepCopy()
+			got, events, _ := planBackups(tt.kvc, tt.obs, &st, t0.Add(5*time.Second), "operator:dev", tt.busy)
+			start := ""
+			if got.Start != nil {
+				start = *got.Start.Name
+			}
+			if start != tt.wantStart {
+				t.Fatalf("Job started = %q, want %q", start, tt.wantStart)
+			}
+			req := st.BackupRequest
+			if req == nil || !strings.HasPrefix(req.Token, "t1") || req.State != tt.wantState || !strings.Contains(req.Message, tt.wantWords) {
+				t.Fatalf("status.backupRequest = %+v, want token t1 %s with %q", req, tt.wantState, tt.wantWords)
+			}
+			var warnings []string
+			for _, e := range events {
+				if e.Type == corev1.EventTypeWarning {
+					warnings = append(warnings, e.Reason)
+				}
+			}
+			if want := slices.DeleteFunc([]string{tt.wantEvent}, func(s string) bool { return s == "" }); !slices.Equal(warnings, want) {
+				t.Errorf("warnings %v, want %v", warnings, want)
+			}
+			if slices.ContainsFunc(tt.obs.Jobs, func(j Job) bool { return j.Done }) &&
+				(req.Backup == nil || req.Backup.Location != "s3://b/ns/kv/uid-kv/kv-now.db" || req.Backup.Revision != 7) {
+				t.Errorf("recorded %+v, want where the backup went and its revision", req.Backup)
+			}
+			if start == "" || start != specs.OnDemandBackupJobName(tt.kvc, "t1") {
+				return
+			}
+			if !strings.Contains(got.Started.Message, "t1") || req.Job != start {
+				t.Errorf("started %s announced %q, recorded as %q; want the token announced and the Job recorded", start, got.Started.Message, req.Job)
+			}
+			job := got.Start
+			if job.Labels[specs.BackupKindLabel] != specs.BackupOnDemand || job.Annotations[kvv1.AnnotationBackupNow] != "t1" {
+				t.Errorf("Job labels %v, annotations %v; want kind on-demand and the token", job.Labels, job.Annotations)
+			}
+			// An on-demand snapshot is kept for good: the Job prunes nothing, and its object is not
+			// named like a scheduled one (which retention prunes).
+			args := strings.Join(job.Spec.Template.Spec.Containers[0].Args, " ")
+			if strings.Contains(args, "--prune-cluster") || regexp.MustCompile(`/kv-[0-9]+\.db`).MatchString(args) {
+				t.Errorf("an on-demand backup Job prunes or writes a scheduled object's name: %s", args)
+			}
+		})
+	}
+
+	// A second reconcile with what the first wrote starts nothing more.
+	kvc := asked(backedUp(""), "t1", nil)
+	st := *kvc.Status.DeepCopy()
+	if first, _, _ := planBackups(kvc, Observation{}, &st, t0, "operator:dev", ""); first.Start == nil {
+		t.Fatal("the first reconcile starts no backup")
+	}
+	kvc.Status = st
+	for range 3 {
+		if again, _, _ := planBackups(kvc, Observation{}, &st, t0.Add(time.Second), "operator:dev", ""); again.Start != nil {
+			t.Fatalf("the same token starts %s again", *again.Start.Name)
+		}
+	}
+}
+
+// TestOnDemandBackupJobsArePrunedApart: finished on-demand Jobs are kept like scheduled ones, and
+// counted apart, so frequent scheduled backups never prune the Job of the backup a person asked for.
+func TestOnDemandBackupJobsArePrunedApart(t *testing.T) {
+	kvc := backedUp("* * * * *") // jobHistoryLimit 2
+	jobs := []Job{onDemandJob("a", batchv1.JobComplete, t0.Add(-time.Hour)), onDemandJob("b", batchv1.JobComplete, t0.Add(-50*time.Minute)),
+		onDemandJob("c", batchv1.JobComplete, t0.Add(-40*time.Minute)), onDemandJob("d", batchv1.JobFailed, t0.Add(-30*time.Minute)),
+		backupJobAt("kv-1", batchv1.JobComplete, t0.Add(-3*time.Minute)), backupJobAt("kv-2", batchv1.JobComplete, t0.Add(-2*time.Minute)),
+		backupJobAt("kv-3", batchv1.JobComplete, t0.Add(-time.Minute)), onDemandJob("e", "", time.Time{})}
+	var pruned []string
+	for _, j := range jobsToPrune(kvc, jobs) {
+		pruned = append(pruned, j.Name)
+	}
+	want := []string{"kv-1", specs.OnDemandBackupJobName(kvc, "a")}
+	slices.Sort(want)
+	if slices.Sort(pruned); !slices.Equal(pruned, want) {
+		t.Errorf("pruned %v, want %v: the oldest scheduled one and the oldest on-demand one", pruned, want)
 	}
 }

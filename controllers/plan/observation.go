@@ -55,11 +55,14 @@ type Observation struct {
 	// Membership is what the membership ConfigMap says now (nil before it exists).
 	Membership *specs.Membership
 
-	// Jobs are the cluster's backup Jobs (scheduled, pre-upgrade, final) by name; the newest
+	// Jobs are the cluster's backup Jobs (scheduled, on-demand, pre-upgrade, final) by name; the newest
 	// finished one carries its report.
 	Jobs []Job
 	// PreUpgradeJob is the pre-upgrade backup Job, of this or an earlier upgrade.
 	PreUpgradeJob *batchv1.Job
+	// BackupRequestJobGone: the Job status.backupRequest says is running is not on the API server
+	// (asked there, not in the cache, which may not hold a Job created a moment ago).
+	BackupRequestJobGone bool
 
 	// ForeignChildren and LeftoverClaims are objects the cluster needs that belong to someone
 	// else; while there are any, nothing is written but status.

@@ -136,7 +136,11 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	p.Disarm = staleAlarms(kvc, obs)
 	var events []Event
 	var untilBackup time.Duration
-	p.Backups, events, untilBackup = planBackups(kvc, obs, &st, now, cfg.Images.Operator)
+	startingBackup := ""
+	if p.Rollout.Job != nil {
+		startingBackup = *p.Rollout.Job.Name
+	}
+	p.Backups, events, untilBackup = planBackups(kvc, obs, &st, now, cfg.Images.Operator, startingBackup)
 	due := false // the requeue is when something falls due, not a poll
 	if untilBackup > 0 && untilBackup < p.RequeueAfter {
 		p.RequeueAfter, due = untilBackup, true

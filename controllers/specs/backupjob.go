@@ -1,6 +1,8 @@
 package specs
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"path"
 	"strings"
@@ -17,12 +19,13 @@ import (
 )
 
 const (
-	// BackupKindLabel on a backup Job says which backup it is: BackupScheduled, BackupFinal or
-	// BackupPreUpgrade.
+	// BackupKindLabel on a backup Job says which backup it is: BackupScheduled, BackupFinal,
+	// BackupPreUpgrade or BackupOnDemand.
 	BackupKindLabel  = "kvcluster.io/backup"
 	BackupScheduled  = "scheduled"
 	BackupFinal      = "final"
 	BackupPreUpgrade = "pre-upgrade"
+	BackupOnDemand   = "on-demand"
 
 	// TargetVersionAnnotation on the pre-upgrade backup Job names the version it was taken for.
 	TargetVersionAnnotation = "kvcluster.io/target-version"
@@ -75,6 +78,23 @@ func PreUpgradeBackupJob(kvc *kvv1.KVCluster, scheme, image string, now time.Tim
 	run.ClientScheme = scheme
 	return BackupJob(kvc, run, image).
 		WithAnnotations(map[string]string{TargetVersionAnnotation: kvc.Spec.Version})
+}
+
+// OnDemandBackupJobName is the Job of the backup asked for with kvcluster.io/backup-now=token:
+// "<cluster>-now-<6 hex digits of the token's SHA-256>", at most 63 characters for a name of at
+// most 52, so a retried reconcile finds the Job it started. The Job carries the token itself
+// (kvv1.AnnotationBackupNow), which tells two tokens of the same digits apart.
+func OnDemandBackupJobName(kvc *kvv1.KVCluster, token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return kvc.Name + "-now-" + hex.EncodeToString(sum[:3])
+}
+
+// OnDemandBackupJob is the Job of the backup asked for with token, started at now, reaching the
+// members in scheme. Its object is unique per run, like a final backup's, and kept for good.
+func OnDemandBackupJob(kvc *kvv1.KVCluster, token, scheme, image string, now time.Time) *batchv1ac.JobApplyConfiguration {
+	job := OnDemandBackupJobName(kvc, token)
+	return BackupJob(kvc, BackupRun{Job: job, Kind: BackupOnDemand, Key: BackupObjectKey(kvc, job+"-"+runStamp(now)),
+		Annotations: map[string]string{kvv1.AnnotationBackupNow: token}, ClientScheme: scheme}, image)
 }
 
 // FinalBackupJobName is the one Job of the final backup: deterministic, so a retried reconcile
@@ -143,7 +163,7 @@ func accessTo(s3 *kvv1.S3Destination, pvc *kvv1.PVCDestination, readOnly bool) s
 }
 
 // BackupJob runs one backup: the operator's own image, `backup` subcommand, streaming a snapshot
-// to the bucket or the claim. Scheduled, pre-upgrade and final backups are built here alike; only
+// to the bucket or the claim. Scheduled, on-demand, pre-upgrade and final backups are built here alike; only
 // the name, the object, the kind label, the deadline and (for scheduled ones) pruning differ. It never retries (a retry would find its own
 // object and be refused); the next slot is the retry. Credentials reach the pod only from the
 // referenced Secret.

@@ -74,6 +74,26 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: writesFenced
       type:
         scalar: boolean
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRequest
+  map:
+    fields:
+    - name: backup
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRecord
+    - name: job
+      type:
+        scalar: string
+    - name: message
+      type:
+        scalar: string
+    - name: state
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRequestState
+    - name: token
+      type:
+        scalar: string
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRequestState
+  scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRetention
   map:
     fields:
@@ -315,6 +335,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: backendQuota
       type:
         namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: backupRequest
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRequest
     - name: certificates
       type:
         list:

@@ -24,7 +24,7 @@ type BackupSpecApplyConfiguration struct {
 	// Suspend pauses scheduled backups; the final backup still follows finalBackup.
 	Suspend *bool `json:"suspend,omitempty"`
 	// JobHistoryLimit is how many finished Jobs of successful scheduled backups are kept (and the
-	// last failed one), so Jobs never pile up.
+	// last failed one), so Jobs never pile up; the same for on-demand backups (kvcluster.io/backup-now).
 	JobHistoryLimit *int32 `json:"jobHistoryLimit,omitempty"`
 	// Retention prunes old snapshots of scheduled backups from the bucket after each successful
 	// backup. Final backups are never pruned, nor the newest snapshot.

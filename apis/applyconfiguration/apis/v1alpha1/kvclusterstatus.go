@@ -30,6 +30,8 @@ type KVClusterStatusApplyConfiguration struct {
 	LastScheduledTime *v1.Time `json:"lastScheduledTime,omitempty"`
 	// LastBackup describes the most recently finished backup, successful or not.
 	LastBackup *BackupRecordApplyConfiguration `json:"lastBackup,omitempty"`
+	// BackupRequest is where the backup most recently asked for with kvcluster.io/backup-now stands.
+	BackupRequest *BackupRequestApplyConfiguration `json:"backupRequest,omitempty"`
 	// LastProgressTime is when the phase was entered or the number of ready members last changed;
 	// the progress deadline counts from it.
 	LastProgressTime *v1.Time `json:"lastProgressTime,omitempty"`
@@ -124,6 +126,14 @@ func (b *KVClusterStatusApplyConfiguration) WithLastScheduledTime(value v1.Time)
 // If called multiple times, the LastBackup field is set to the value of the last call.
 func (b *KVClusterStatusApplyConfiguration) WithLastBackup(value *BackupRecordApplyConfiguration) *KVClusterStatusApplyConfiguration {
 	b.LastBackup = value
+	return b
+}
+
+// WithBackupRequest sets the BackupRequest field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the BackupRequest field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithBackupRequest(value *BackupRequestApplyConfiguration) *KVClusterStatusApplyConfiguration {
+	b.BackupRequest = value
 	return b
 }
 
