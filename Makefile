@@ -47,6 +47,10 @@ vet: ## gofmt and go vet
 build: ## build the operator binary into bin/
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/kvcluster-operator ./cmd/kvcluster-operator
 
+.PHONY: plugin
+plugin: ## build the kubectl plugin into bin/kubectl-kvc (put it on the PATH: `kubectl kvc status NAME`)
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/kubectl-kvc ./cmd/kubectl-kvc
+
 .PHONY: tools
 tools: ## build (or reuse from the cache) every pinned binary the tests need
 	$(BUILD_TOOLS) all

@@ -18,22 +18,28 @@ import (
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
 
+// readPolicy reads deploy/admission/<file>: one admission policy and its binding.
+func readPolicy(t *testing.T, file string, policy, binding any) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "deploy", "admission", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(raw), "\n---\n")
+	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), policy) != nil || yaml.UnmarshalStrict([]byte(docs[1]), binding) != nil {
+		t.Fatalf("deploy/admission/%s is not one policy and its binding", file)
+	}
+}
+
 // bindSecureDefaults installs deploy/admission's policies, bound to namespace ns alone (the other
 // tests keep their clusters as they create them), and waits until the API server applies them.
 func bindSecureDefaults(t *testing.T, h *harness, ns string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, file := range []string{"tls-by-default.yaml", "network-policy-by-default.yaml"} {
-		raw, err := os.ReadFile(filepath.Join("..", "deploy", "admission", file))
-		if err != nil {
-			t.Fatal(err)
-		}
-		docs := strings.Split(string(raw), "\n---\n")
 		var policy admissionregistrationv1.MutatingAdmissionPolicy
 		var binding admissionregistrationv1.MutatingAdmissionPolicyBinding
-		if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &policy) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &binding) != nil {
-			t.Fatalf("deploy/admission/%s is not one policy and its binding", file)
-		}
+		readPolicy(t, file, &policy, &binding)
 		policy.Name += "-" + ns
 		binding.Name, binding.Spec.PolicyName = binding.Name+"-"+ns, policy.Name
 		binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{
@@ -154,16 +160,9 @@ func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	ns := h.namespace("backupnowpolicy")
-	raw, err := os.ReadFile(filepath.Join("..", "deploy", "admission", "backup-now.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs := strings.Split(string(raw), "\n---\n")
 	var policy admissionregistrationv1.ValidatingAdmissionPolicy
 	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), &policy) != nil || yaml.UnmarshalStrict([]byte(docs[1]), &binding) != nil {
-		t.Fatal("deploy/admission/backup-now.yaml is not one policy and its binding")
-	}
+	readPolicy(t, "backup-now.yaml", &policy, &binding)
 	policy.Name += "-" + ns
 	binding.Name, binding.Spec.PolicyName = binding.Name+"-"+ns, policy.Name
 	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{
@@ -185,6 +184,7 @@ func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
 		return h.client.Update(ctx, k)
 	}
 	// The policy takes effect within seconds of its creation; until then each try is a new value.
+	var err error
 	for i := range 60 {
 		if err = annotate(plain, fmt.Sprintf("try-%d", i)); err != nil {
 			break

@@ -321,12 +321,8 @@ func (r *KVClusterReconciler) jobReport(ctx context.Context, job *batchv1.Job, f
 		if err := reader.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)}); err != nil {
 			return "", fmt.Errorf("list pods of Job %s/%s: %w", job.Namespace, job.Name, err)
 		}
-		for _, p := range pods.Items {
-			for _, cs := range p.Status.ContainerStatuses {
-				if t := cs.State.Terminated; t != nil && t.Message != "" {
-					return strings.TrimSpace(t.Message), nil
-				}
-			}
+		if report := plan.TerminationMessage(pods.Items); report != "" {
+			return report, nil
 		}
 	}
 	return "", nil

@@ -175,23 +175,26 @@ func TestBackups(t *testing.T) {
 			}
 			return ctx
 		}).
-		Assess("a backup asked for with kvcluster.io/backup-now lands in the bucket, once", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+		Assess("kubectl kvc backup takes a backup now, follows it to the bucket, once", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			const token = "e2e-on-demand-1"
-			if out, err := kubectl(cfg, "-n", kvc.Namespace, "annotate", "kvcluster", kvc.Name, kvv1.AnnotationBackupNow+"="+token); err != nil {
-				t.Fatalf("kubectl annotate: %v\n%s", err, out)
-			}
-			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
-				req := o.(*kvv1.KVCluster).Status.BackupRequest
-				return req != nil && req.Token == token && (req.State == kvv1.BackupRequestSucceeded || req.State == kvv1.BackupRequestFailed)
-			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
+			start := time.Now()
+			out, err := kubectlKVC(t, cfg, "backup", kvc.Name, "-n", kvc.Namespace, "--token", token, "--timeout", "3m")
 			req := get(ctx, t, cfg, kvc).Status.BackupRequest
-			if err != nil || req.State != kvv1.BackupRequestSucceeded || req.Backup == nil {
-				out, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "jobs")
-				t.Fatalf("the backup asked for did not succeed within 3 minutes: %v\nstatus.backupRequest: %+v\n%s", err, req, out)
+			if err != nil || req == nil || req.Token != token || req.State != kvv1.BackupRequestSucceeded || req.Backup == nil {
+				jobs, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "jobs")
+				t.Fatalf("kubectl kvc backup: %v\n%s\nstatus.backupRequest: %+v\n%s", err, out, req, jobs)
 			}
+			t.Logf("kubectl kvc backup took %s:\n%s", time.Since(start).Round(time.Second), out)
 			key := strings.TrimPrefix(req.Backup.Location, "s3://"+bucket+"/")
 			if sum, size := s3.objectSHA256(ctx, t, key); sum != req.Backup.SHA256 || size != req.Backup.Size {
 				t.Errorf("object %s has sha256 %s (%d bytes), status says %s (%d bytes)", key, sum, size, req.Backup.SHA256, req.Backup.Size)
+			}
+			if !strings.Contains(out, req.Backup.Location) {
+				t.Errorf("kubectl kvc backup did not say where the backup went (%s):\n%s", req.Backup.Location, out)
+			}
+			// Asked again with the same token (a GitOps tool re-applying it): no second backup.
+			if out, err := kubectlKVC(t, cfg, "backup", kvc.Name, "-n", kvc.Namespace, "--token", token); err != nil || !strings.Contains(out, "was asked for already") {
+				t.Errorf("the same token again: %v\n%s", err, out)
 			}
 			var jobs batchv1.JobList
 			if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &jobs); err != nil {
@@ -205,6 +208,12 @@ func TestBackups(t *testing.T) {
 			}
 			if asked != 1 {
 				t.Errorf("%d Jobs for the token %s, want 1", asked, token)
+			}
+			for _, args := range [][]string{{"backups", kvc.Name}, {"status", kvc.Name}} {
+				out, err := kubectlKVC(t, cfg, append(args, "-n", kvc.Namespace)...)
+				if err != nil || !strings.Contains(out, req.Job) {
+					t.Errorf("kubectl kvc %s: %v, want %s named:\n%s", args[0], err, req.Job, out)
+				}
 			}
 			return ctx
 		}).

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,6 +106,36 @@ func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, 
 
 func kubectl(cfg *envconf.Config, args ...string) (string, error) {
 	cmd := exec.Command(envOr("KUBECTL", "kubectl"), append([]string{"--kubeconfig", cfg.KubeconfigFile()}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+var (
+	pluginOnce sync.Once
+	pluginDir  string
+	pluginErr  error
+)
+
+// kubectlKVC runs `kubectl kvc ...` as a user would: the plugin built from cmd/kubectl-kvc, found
+// by kubectl on the PATH, with the cluster's kubeconfig in $KUBECONFIG.
+func kubectlKVC(t *testing.T, cfg *envconf.Config, args ...string) (string, error) {
+	t.Helper()
+	pluginOnce.Do(func() {
+		if pluginDir, pluginErr = os.MkdirTemp("", "kubectl-kvc"); pluginErr != nil {
+			return
+		}
+		out, err := exec.Command("go", "build", "-o", filepath.Join(pluginDir, "kubectl-kvc"), "../cmd/kubectl-kvc").CombinedOutput()
+		if err != nil {
+			pluginErr = fmt.Errorf("build the kubectl plugin: %v\n%s", err, out)
+		}
+	})
+	if pluginErr != nil {
+		t.Fatal(pluginErr)
+	}
+	cmd := exec.Command(envOr("KUBECTL", "kubectl"), append([]string{"kvc"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+cfg.KubeconfigFile(), "PATH="+pluginDir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()

@@ -167,7 +167,7 @@ func answerBackupRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCluste
 		case !j.Done:
 			req.State = kvv1.BackupRequestRunning
 		case req.Backup == nil || req.Backup.Job != name || req.State == kvv1.BackupRequestRunning:
-			rec := backupRecord(j)
+			rec := BackupRecordOf(j)
 			req.State, req.Backup = kvv1.BackupRequestFailed, &rec
 			if rec.Succeeded {
 				req.State = kvv1.BackupRequestSucceeded
@@ -262,7 +262,7 @@ func RecordFinishedBackups(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, jobs [
 	if latest == nil {
 		return nil, false
 	}
-	rec := backupRecord(*latest)
+	rec := BackupRecordOf(*latest)
 	isNew = st.LastBackup == nil || st.LastBackup.Job != rec.Job || st.LastBackup.Succeeded != rec.Succeeded
 	st.LastBackup = &rec
 	if rec.Succeeded {
@@ -276,8 +276,8 @@ func RecordFinishedBackups(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, jobs [
 	return &rec, isNew
 }
 
-// backupRecord turns a finished Job into the status record users read.
-func backupRecord(j Job) kvv1.BackupRecord {
+// BackupRecordOf turns a finished backup Job (with its report) into the record users read.
+func BackupRecordOf(j Job) kvv1.BackupRecord {
 	rec := kvv1.BackupRecord{Job: j.Job.Name, Succeeded: j.Succeeded}
 	t := metav1.NewTime(j.FinishedAt.Truncate(time.Second))
 	rec.CompletionTime = &t

@@ -206,7 +206,7 @@ func TestALongBackupReportStillSaysWhereTheBackupWent(t *testing.T) {
 		report = report[:kept]
 	}
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "ledger-29936105"}}
-	rec := backupRecord(Job{Job: job, Done: true, Succeeded: true, FinishedAt: t0, Report: report})
+	rec := BackupRecordOf(Job{Job: job, Done: true, Succeeded: true, FinishedAt: t0, Report: report})
 	if rec.Location != res.Location || rec.Size != res.Size || rec.SHA256 != res.SHA256 || rec.Revision != res.Revision || rec.Pruned != 60 {
 		t.Errorf("recorded %+v, want where the backup went, its size, checksum, revision and 60 pruned", rec)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -118,6 +119,19 @@ type Job struct {
 	// Report is the backup program's termination message: its JSON result, or why it failed.
 	// Read for the newest finished Job only.
 	Report string
+}
+
+// TerminationMessage is what the program a Job ran reported as it ended (for a backup, its
+// result or why it failed): the termination message of the first of pods that left one.
+func TerminationMessage(pods []corev1.Pod) string {
+	for _, p := range pods {
+		for _, cs := range p.Status.ContainerStatuses {
+			if t := cs.State.Terminated; t != nil && t.Message != "" {
+				return strings.TrimSpace(t.Message)
+			}
+		}
+	}
+	return ""
 }
 
 // NewJob reads a Job's outcome from its Complete/Failed condition.
