@@ -267,26 +267,31 @@ func (r *KVClusterReconciler) observeJobs(ctx context.Context, kvc *kvv1.KVClust
 		}
 	}
 	slices.SortFunc(jobs, func(a, b plan.Job) int { return strings.Compare(a.Job.Name, b.Job.Name) })
-	// The reports read are the newest finished Job's, and that of the backup asked for with
-	// kvcluster.io/backup-now until status.backupRequest holds its outcome.
-	reports := []*plan.Job{plan.NewestFinished(jobs)}
-	if token := kvc.Annotations[kvv1.AnnotationBackupNow]; token != "" {
-		name := specs.OnDemandBackupJobName(kvc, token)
-		if req := kvc.Status.BackupRequest; req == nil || req.Token != token || req.Backup == nil || req.Backup.Job != name {
-			if i := slices.IndexFunc(jobs, func(j plan.Job) bool { return j.Job.Name == name && j.Done }); i >= 0 {
-				reports = append(reports, &jobs[i])
-			}
-		}
-	}
-	for _, j := range reports {
-		if j == nil || j.Report != "" {
-			continue
-		}
-		report, err := r.jobReport(ctx, j.Job, false)
+	// The reports read are the newest finished Job's and, until status.backupRequest holds its
+	// outcome, that of the backup asked for with kvcluster.io/backup-now.
+	if latest := plan.NewestFinished(jobs); latest != nil {
+		report, err := r.jobReport(ctx, latest.Job, false)
 		if err != nil {
 			return nil, nil, err
 		}
-		j.Report = report
+		latest.Report = report
+	}
+	// The request's outcome is recorded once: its report is read on the API server if the cache
+	// does not hold it yet.
+	token, req := kvc.Annotations[kvv1.AnnotationBackupNow], kvc.Status.BackupRequest
+	if token == "" && req != nil && req.State == kvv1.BackupRequestRunning { // the annotation was removed
+		token = req.Token
+	}
+	if token != "" {
+		name := specs.OnDemandBackupJobName(kvc, token)
+		if i := slices.IndexFunc(jobs, func(j plan.Job) bool { return j.Job.Name == name && j.Done && j.Report == "" }); i >= 0 &&
+			(req == nil || req.Token != token || req.Backup == nil || req.Backup.Job != name) {
+			report, err := r.jobReport(ctx, jobs[i].Job, true)
+			if err != nil {
+				return nil, nil, err
+			}
+			jobs[i].Report = report
+		}
 	}
 	return jobs, preUpgrade, nil
 }

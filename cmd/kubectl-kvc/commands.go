@@ -76,9 +76,9 @@ func status(ctx context.Context, c client.Client, key client.ObjectKey, o option
 		if st.NextBackupTime != nil {
 			fmt.Fprintf(w, "Next backup:\t%s (%s)\n", st.NextBackupTime.UTC().Format(time.RFC3339), until(st.NextBackupTime.Time, now))
 		}
-		if r := st.BackupRequest; r != nil {
-			fmt.Fprintf(w, "Backup asked:\t%s=%s: %s\n", kvv1.AnnotationBackupNow, r.Token, requestLine(r))
-		}
+	}
+	if r := st.BackupRequest; r != nil {
+		fmt.Fprintf(w, "Backup asked:\t%s=%s: %s: %s\n", kvv1.AnnotationBackupNow, r.Token, r.State, requestLine(r))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -156,29 +156,38 @@ func backupNow(ctx context.Context, c client.Client, key client.ObjectKey, o opt
 		}
 	}
 	if !o.wait {
-		if !text {
-			return writeJSON(out, kvv1.BackupRequest{Token: token, State: kvv1.BackupRequestPending})
+		if text {
+			return nil
 		}
-		return nil
+		if r := kvc.Status.BackupRequest; r != nil && r.Token == token {
+			return writeJSON(out, r)
+		}
+		return writeJSON(out, kvv1.BackupRequest{Token: token, State: kvv1.BackupRequestPending})
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	start, said := time.Now(), ""
 	for {
-		kvc, err := getCluster(ctx, c, key)
-		if err != nil {
-			return err
-		}
-		req := kvc.Status.BackupRequest
 		line := "waiting for the operator to take the request"
-		if req != nil && req.Token == token {
-			line = string(req.State) + ": " + requestLine(req)
+		var req *kvv1.BackupRequest
+		switch kvc, err := getCluster(ctx, c, key); {
+		case err != nil && ctx.Err() == nil:
+			line = "cannot read the KVCluster (retrying): " + err.Error()
+		case err != nil:
+		case kvc.Annotations[kvv1.AnnotationBackupNow] != token && (kvc.Status.BackupRequest == nil || kvc.Status.BackupRequest.Token != token):
+			return fmt.Errorf("%s is now %q: this request was superseded before the operator took it", kvv1.AnnotationBackupNow, kvc.Annotations[kvv1.AnnotationBackupNow])
+		default:
+			if req = kvc.Status.BackupRequest; req != nil && req.Token == token {
+				line = string(req.State) + ": " + requestLine(req)
+			} else {
+				req = nil
+			}
 		}
 		if text && line != said {
 			fmt.Fprintf(out, "%6s  %s\n", time.Since(start).Round(time.Second), line)
 			said = line
 		}
-		if req != nil && req.Token == token && (req.State == kvv1.BackupRequestSucceeded || req.State == kvv1.BackupRequestFailed) {
+		if req != nil && (req.State == kvv1.BackupRequestSucceeded || req.State == kvv1.BackupRequestFailed) {
 			if !text {
 				if err := writeJSON(out, req); err != nil {
 					return err

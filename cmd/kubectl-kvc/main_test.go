@@ -289,6 +289,22 @@ func TestBackupAsksAndFollowsTheBackup(t *testing.T) {
 		t.Errorf("--wait=false did not ask: %v %v", got.Annotations, err)
 	}
 
+	// Another value set before the operator took this one: the request is superseded, not followed for ever.
+	go func() {
+		var k kvv1.KVCluster
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if admin.Get(context.Background(), client.ObjectKeyFromObject(kvc), &k) == nil && k.Annotations[kvv1.AnnotationBackupNow] == "fourth" {
+				k.Annotations[kvv1.AnnotationBackupNow] = "fifth"
+				if admin.Update(context.Background(), &k) == nil {
+					return
+				}
+			}
+		}
+	}()
+	if code, _, errs := kubectlKVC(t, "backup", "orders", "-n", ns, "--token", "fourth", "--timeout", "30s"); code != 1 || !strings.Contains(errs, "superseded") {
+		t.Errorf("a request superseded before the operator took it: exit %d, %q; want exit 1 saying it was superseded", code, errs)
+	}
+
 	// Without spec.backup there is nothing to ask for.
 	newCluster(t, ns, "nowhere", false, readyStatus(ns))
 	if code, _, errs := kubectlKVC(t, "backup", "nowhere", "-n", ns); code != 1 || !strings.Contains(errs, "has no spec.backup") {

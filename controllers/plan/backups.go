@@ -77,6 +77,11 @@ func planBackups(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus,
 		if i := slices.IndexFunc(obs.Jobs, func(j Job) bool { return !j.Done }); busy == "" && i >= 0 {
 			busy = obs.Jobs[i].Job.Name
 		}
+		// A request's Job started a moment ago may not be in the cache yet.
+		if r := kvc.Status.BackupRequest; busy == "" && r != nil && r.State == kvv1.BackupRequestRunning && r.Job != "" && !obs.BackupRequestJobGone &&
+			!slices.ContainsFunc(obs.Jobs, func(j Job) bool { return j.Job.Name == r.Job }) {
+			busy = r.Job
+		}
 		var scheduleEvents []Event
 		out, scheduleEvents, requeue = planSchedule(kvc, obs, st, now, image, busy)
 		events = append(events, scheduleEvents...)
@@ -146,11 +151,15 @@ func planSchedule(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus
 // neither a retried reconcile nor a status written from a stale cache starts a second backup. A
 // new request waits while busy names a running backup and until the cluster has formed.
 func answerBackupRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, now time.Time, image, busy string) (*batchv1ac.JobApplyConfiguration, Event, []Event) {
-	token := kvc.Annotations[kvv1.AnnotationBackupNow]
-	if token == "" {
-		return nil, Event{}, nil
-	}
 	prev := st.BackupRequest
+	token := kvc.Annotations[kvv1.AnnotationBackupNow]
+	withdrawn := token == "" // the annotation went: a backup running is followed to its end; none starts
+	if withdrawn {
+		if prev == nil || prev.State == kvv1.BackupRequestSucceeded || prev.State == kvv1.BackupRequestFailed {
+			return nil, Event{}, nil
+		}
+		token = prev.Token
+	}
 	req := &kvv1.BackupRequest{Token: token, State: kvv1.BackupRequestPending}
 	if prev != nil && prev.Token == token {
 		req = prev.DeepCopy()
@@ -182,6 +191,8 @@ func answerBackupRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCluste
 			req.Job, kvv1.AnnotationBackupNow)
 	case req.State == kvv1.BackupRequestRunning:
 		// Started a moment ago: the cache does not hold its Job yet.
+	case withdrawn:
+		req.State, req.Message = kvv1.BackupRequestFailed, kvv1.AnnotationBackupNow+" was removed before the backup started"
 	case len(token) > kvv1.MaxBackupNowToken:
 		req.State, req.Message = kvv1.BackupRequestFailed, fmt.Sprintf("the value of %s has %d characters, more than %d: set a shorter one, e.g. the date",
 			kvv1.AnnotationBackupNow, len(token), kvv1.MaxBackupNowToken)
