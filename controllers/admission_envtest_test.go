@@ -31,6 +31,25 @@ func readPolicy(t *testing.T, file string, policy, binding any) {
 	}
 }
 
+// inNamespace binds a policy to namespace ns alone (the other tests keep their clusters as they create them).
+func inNamespace(ns string) *admissionregistrationv1.MatchResources {
+	return &admissionregistrationv1.MatchResources{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}
+}
+
+// installPolicy creates a policy and its binding (which must already name the policy as renamed),
+// both renamed for ns, and deletes them when the test ends.
+func installPolicy(t *testing.T, h *harness, ns string, policy, binding client.Object) {
+	t.Helper()
+	for _, obj := range []client.Object{policy, binding} {
+		obj.SetName(obj.GetName() + "-" + ns)
+		if err := h.client.Create(context.Background(), obj); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = h.client.Delete(context.Background(), obj) })
+	}
+}
+
 // bindSecureDefaults installs deploy/admission's policies, bound to namespace ns alone (the other
 // tests keep their clusters as they create them), and waits until the API server applies them.
 func bindSecureDefaults(t *testing.T, h *harness, ns string) {
@@ -40,16 +59,8 @@ func bindSecureDefaults(t *testing.T, h *harness, ns string) {
 		var policy admissionregistrationv1.MutatingAdmissionPolicy
 		var binding admissionregistrationv1.MutatingAdmissionPolicyBinding
 		readPolicy(t, file, &policy, &binding)
-		policy.Name += "-" + ns
-		binding.Name, binding.Spec.PolicyName = binding.Name+"-"+ns, policy.Name
-		binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{
-			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}
-		for _, obj := range []client.Object{&policy, &binding} {
-			if err := h.client.Create(ctx, obj); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = h.client.Delete(ctx, obj) })
-		}
+		binding.Spec.PolicyName, binding.Spec.MatchResources = policy.Name+"-"+ns, inNamespace(ns)
+		installPolicy(t, h, ns, &policy, &binding)
 	}
 	// A new policy takes effect within seconds; until the API server has compiled it against the
 	// CRD's schema, a create may also be refused.
@@ -163,16 +174,8 @@ func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
 	var policy admissionregistrationv1.ValidatingAdmissionPolicy
 	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	readPolicy(t, "backup-now.yaml", &policy, &binding)
-	policy.Name += "-" + ns
-	binding.Name, binding.Spec.PolicyName = binding.Name+"-"+ns, policy.Name
-	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{
-		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}
-	for _, obj := range []client.Object{&policy, &binding} {
-		if err := h.client.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = h.client.Delete(ctx, obj) })
-	}
+	binding.Spec.PolicyName, binding.Spec.MatchResources = policy.Name+"-"+ns, inNamespace(ns)
+	installPolicy(t, h, ns, &policy, &binding)
 
 	plain := newKVCluster(ns, "plain", 1)
 	h.create(plain)

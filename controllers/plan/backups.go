@@ -47,8 +47,7 @@ func dueSlot(kvc *kvv1.KVCluster, running bool, now time.Time) slot {
 		return slot{err: err}
 	}
 	s := slot{next: sched.Next(now)}
-	// Not before the cluster formed (a cluster stopped from the start has nothing to back up).
-	if b.Suspend || running || kvc.Status.Phase == kvv1.PhaseCreating || kvc.Status.Phase == "" || kvc.Status.CurrentVersion == "" {
+	if b.Suspend || running || !formedForBackups(kvc) {
 		return s
 	}
 	after := kvc.CreationTimestamp.Time
@@ -57,6 +56,12 @@ func dueSlot(kvc *kvv1.KVCluster, running bool, now time.Time) slot {
 	}
 	s.at, s.skipped = sched.MostRecentSlot(after, now, time.Duration(b.StartingDeadlineSeconds)*time.Second)
 	return s
+}
+
+// formedForBackups: the cluster has formed, so there is something to back up (a cluster stopped
+// from the start has nothing).
+func formedForBackups(kvc *kvv1.KVCluster) bool {
+	return kvc.Status.Phase != kvv1.PhaseCreating && kvc.Status.Phase != "" && kvc.Status.CurrentVersion != ""
 }
 
 // planBackups records finished backups in st (the status about to be written), decides the Job
@@ -199,7 +204,7 @@ func answerBackupRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCluste
 	case kvc.Spec.Backup == nil:
 		req.State, req.Message = kvv1.BackupRequestFailed, "spec.backup is unset: there is nowhere to write the backup; set spec.backup (s3 or pvc) and a new value of "+
 			kvv1.AnnotationBackupNow
-	case kvc.Status.Phase == kvv1.PhaseCreating || kvc.Status.Phase == "" || kvc.Status.CurrentVersion == "":
+	case !formedForBackups(kvc):
 		req.Message = "waiting for the cluster to form"
 	case obs.STSForeign:
 		req.Message = "waiting: what answers at the members' names is not this cluster's, so it is not backed up"
