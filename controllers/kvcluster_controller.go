@@ -3,14 +3,12 @@ package controllers
 
 import (
 	"context"
-	"maps"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
@@ -19,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -150,11 +147,8 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
 // its spec (generation) or annotations change — not on our own status writes; owned objects
-// trigger one on any change, so drift is put back, except the StatefulSet's counts of pods
-// (statefulSetChanged). A member pod triggers one when what the operator reads from it changes
-// (memberPodChanged), so a member turning Ready is noticed at once, not when the StatefulSet
-// controller next writes its status. A deletion guard (owned by no one) triggers one for its
-// cluster, so a guard left behind is removed.
+// trigger one on any change, so drift is put back and member readiness is noticed. A deletion
+// guard (owned by no one) triggers one for its cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
@@ -164,13 +158,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
 		})).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			if pod, ok := o.(*corev1.Pod); !ok || !isMemberPod(pod) || pod.Labels[specs.ClusterLabel] == "" {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
-		}), builder.WithPredicates(memberPodChanged)).
-		Owns(&appsv1.StatefulSet{}, builder.WithPredicates(statefulSetChanged)).
+		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&networkingv1.NetworkPolicy{}).
@@ -180,34 +168,4 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Named("kvcluster").
 		Complete(r)
-}
-
-// memberPodChanged lets through a pod's creation and deletion, and an update that changes what
-// the operator reads from it (readiness, the etcd container running or restarting, deletion, the
-// revision): a pod's other status updates while it starts would each be a reconcile for nothing.
-var memberPodChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		old, oldOK := e.ObjectOld.(*corev1.Pod)
-		updated, newOK := e.ObjectNew.(*corev1.Pod)
-		return !oldOK || !newOK || memberPodStateOf(old) != memberPodStateOf(updated)
-	},
-}
-
-// statefulSetChanged lets through a StatefulSet's creation and deletion, and an update that
-// changes what the operator owns or reads: its spec (generation), labels, annotations or owners
-// (drift to put back), or the revision its controller has seen (observedGeneration,
-// updateRevision). Not the controller's counts of created and ready pods, which change with each
-// member pod: the pod watch has seen that change first.
-var statefulSetChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		old, oldOK := e.ObjectOld.(*appsv1.StatefulSet)
-		updated, newOK := e.ObjectNew.(*appsv1.StatefulSet)
-		if !oldOK || !newOK {
-			return true
-		}
-		return old.Generation != updated.Generation || !maps.Equal(old.Labels, updated.Labels) ||
-			!maps.Equal(old.Annotations, updated.Annotations) || !equality.Semantic.DeepEqual(old.OwnerReferences, updated.OwnerReferences) ||
-			!old.DeletionTimestamp.Equal(updated.DeletionTimestamp) ||
-			old.Status.ObservedGeneration != updated.Status.ObservedGeneration || old.Status.UpdateRevision != updated.Status.UpdateRevision
-	},
 }

@@ -127,7 +127,7 @@ func TestOneHangingClusterDoesNotHoldUpTheOthers(t *testing.T) {
 
 	frozen := newKVCluster(ns, "frozen", 1)
 	h.create(frozen)
-	// Once it has a member pod, the operator asks etcd about the cluster.
+	// Once its StatefulSet reports a member, the operator asks etcd about the cluster.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if err := h.client.Get(context.Background(), client.ObjectKeyFromObject(frozen), &appsv1.StatefulSet{}); err == nil {
 			break
@@ -273,34 +273,4 @@ func TestTheManagerWatchesWhatTheClusterOwns(t *testing.T) {
 	if err := h.client.Get(ctx, client.ObjectKeyFromObject(theirs), theirs); err != nil || len(theirs.OwnerReferences) != 0 || theirs.Labels[specs.ManagedByLabel] != "" {
 		t.Errorf("someone else's Service was written: %v %+v", err, theirs.ObjectMeta)
 	}
-}
-
-// TestMemberReadinessIsReadFromThePods: the operator reads member readiness from the pods, so a
-// cluster turns Ready while the StatefulSet's status still counts no ready pod (its controller
-// writes it seconds late when it syncs many StatefulSets); and it watches them, so a Ready
-// cluster, looked at once a minute, reports a member that stops being Ready at once.
-func TestMemberReadinessIsReadFromThePods(t *testing.T) {
-	h := newHarness(t)
-	ns := h.namespace("pods")
-	kvc := newKVCluster(ns, "kv", 3)
-	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
-	startManager(t, h.members)
-
-	h.create(kvc)
-	eventually(t, "the KVCluster's creation started no reconcile", func() bool {
-		return h.client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &appsv1.StatefulSet{}) == nil
-	})
-	h.setMembersReady(kvc, 0)    // the StatefulSet controller made the pods and wrote its status once
-	h.setMemberPodsReady(kvc, 3) // then the pods turned Ready; the StatefulSet's status still says 0
-	eventually(t, "the cluster did not turn Ready with its pods", func() bool {
-		st := h.fresh(kvc).Status
-		return st.Phase == kvv1.PhaseReady && st.ReadyPartitions == 3
-	})
-
-	time.Sleep(time.Second) // the reconciles after its own status write are over
-	h.setMemberPodsReady(kvc, 2)
-	eventually(t, "a member pod that stopped being Ready was not noticed", func() bool {
-		st := h.fresh(kvc).Status
-		return st.ReadyPartitions == 2 && !meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionReady)
-	})
 }
