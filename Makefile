@@ -16,6 +16,8 @@ LOCAL_KUBECONFIG := $(or $(KVC_CLUSTER_DIR),/var/lib/kvcluster-local)/kubeconfig
 KUBECTL = $$($(BUILD_TOOLS) --print-dir kubectl)/kubectl
 E2E_FLAGS ?= -count=1 -v -timeout=40m
 CONTROLLER_GEN := go tool controller-gen
+# The Helm chart (deploy/helm); `make generate` copies into it what it ships unchanged.
+CHART := deploy/helm/kvcluster-operator
 GO_TEST_FLAGS ?= -count=1
 
 .PHONY: help
@@ -31,11 +33,16 @@ generate: ## regenerate deepcopy, apply configurations, CRD and RBAC from the Go
 	{ echo "# Generated from health.lua by 'make generate'. Merge into your Argo CD's argocd-cm ConfigMap."; \
 	  printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: argocd-cm\n  namespace: argocd\ndata:\n'; \
 	  echo "  resource.customizations.health.kvcluster.io_KVCluster: |"; sed 's/^/    /' deploy/argocd/health.lua; } > deploy/argocd/argocd-cm.yaml
+	@# The chart ships these unchanged: Helm reads only files inside the chart, so it gets copies.
+	rm -rf $(CHART)/crds $(CHART)/files && mkdir -p $(CHART)/crds $(CHART)/files/admission
+	cp deploy/crd/kvcluster.io_kvclusters.yaml $(CHART)/crds/
+	cp deploy/rbac/role.yaml deploy/monitoring/prometheusrule.yaml deploy/monitoring/dashboard.json $(CHART)/files/
+	cp $$(ls deploy/admission/*.yaml | grep -v /kustomization.yaml) $(CHART)/files/admission/
 
 .PHONY: verify-generated
 verify-generated: generate ## fail when generated files are not checked in up to date
-	@git diff --exit-code -- apis deploy/crd deploy/rbac deploy/argocd || { echo "generated files are out of date: run 'make generate' and commit" >&2; exit 1; }
-	@test -z "$$(git status --porcelain -- apis deploy/crd deploy/rbac | grep '^??')" || { git status --porcelain -- apis deploy/crd deploy/rbac | grep '^??'; echo "untracked generated files: run 'make generate' and commit" >&2; exit 1; }
+	@git diff --exit-code -- apis deploy/crd deploy/rbac deploy/argocd $(CHART) || { echo "generated files are out of date: run 'make generate' and commit" >&2; exit 1; }
+	@test -z "$$(git status --porcelain -- apis deploy/crd deploy/rbac $(CHART) | grep '^??')" || { git status --porcelain -- apis deploy/crd deploy/rbac $(CHART) | grep '^??'; echo "untracked generated files: run 'make generate' and commit" >&2; exit 1; }
 
 .PHONY: vet
 vet: ## gofmt and go vet
@@ -57,7 +64,7 @@ tools: ## build (or reuse from the cache) every pinned binary the tests need
 
 .PHONY: tools-test
 tools-test: ## build (or reuse) what 'make test' needs
-	$(BUILD_TOOLS) envtest kubernetes coredns versitygw prometheus kwok kube-router
+	$(BUILD_TOOLS) envtest kubernetes coredns versitygw prometheus kwok kube-router helm
 
 .PHONY: envtest-assets
 envtest-assets:
@@ -102,11 +109,12 @@ run: ## the main job: the operator managing a sample 3-member KVCluster, on the 
 test: verify-generated vet test-unit bench-scale-smoke e2e-local ## the whole suite: generated code, unit tests, envtest, the fleet benchmark at N=10, e2e on the local cluster
 
 .PHONY: test-unit
-test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3, alert rules with promtool
-	$(BUILD_TOOLS) versitygw prometheus kubectl
+test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3, alert rules with promtool, the Helm chart
+	$(BUILD_TOOLS) versitygw prometheus kubectl helm
 	KVC_REQUIRE_TEST_BINARIES=1 KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
 	KVC_PROMETHEUS="$$($(BUILD_TOOLS) --print-dir prometheus)" KVC_KUBECTL_DIR="$$($(BUILD_TOOLS) --print-dir kubectl)" \
+	KVC_HELM_DIR="$$($(BUILD_TOOLS) --print-dir helm)" \
 	  go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
 
@@ -186,9 +194,11 @@ bench-peers: ## apply → Ready of a 3-member cluster on the local cluster: a ba
 	  $(CLUSTER) down; exit $$status
 
 .PHONY: e2e-local
-e2e-local: ## e2e on the project's local cluster: up, import images, deploy from deploy/, run the suite, down
+e2e-local: ## e2e on the project's local cluster: up, import images, install the operator with the Helm chart, run the suite, down
 	$(MAKE) --no-print-directory cluster-down cluster-up images-local
-	status=0; E2E_LOCAL_CLUSTER=1 KUBECTL=$(KUBECTL) go test -tags e2e $(E2E_FLAGS) ./e2e/ -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
+	$(BUILD_TOOLS) helm
+	status=0; E2E_LOCAL_CLUSTER=1 KUBECTL=$(KUBECTL) KVC_HELM="$$($(BUILD_TOOLS) --print-dir helm)/helm" \
+	  go test -tags e2e $(E2E_FLAGS) ./e2e/ -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
 	  if [ $$status -ne 0 ] && [ -n "$${KEEP_CLUSTER:-}" ]; then echo "KEEP_CLUSTER set: the cluster is left running" >&2; exit $$status; fi; \
 	  $(CLUSTER) down; exit $$status
 

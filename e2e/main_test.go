@@ -5,7 +5,8 @@
 //   - on the project's local cluster (`make e2e-local`), and
 //   - on any cluster given with --kubeconfig, with the operator image already available there.
 //
-// Its first step deploys the operator in-cluster from deploy/ and waits for it to be Ready.
+// Its first step deploys the operator in-cluster from deploy/ (the Helm chart on the local cluster)
+// and waits for it to be Ready.
 package e2e
 
 import (
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,16 +76,21 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m))
 }
 
-// deployOperator applies deploy/default (CRD, secure-by-default admission policies, RBAC, manager) and
-// waits for the manager to be Available.
+// deployOperator installs the operator (CRD, secure-by-default admission policies, RBAC, manager)
+// and waits for the manager to be Available: with the Helm chart when $KVC_HELM names a helm
+// binary (make e2e-local sets it), else from deploy/default with kubectl. The chart's test in
+// deploy proves both install the same objects.
 func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, error) {
-	out, err := kubectl(cfg, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join("..", "deploy", "default"))
-	if err != nil {
+	if helm := os.Getenv("KVC_HELM"); helm != "" {
+		if err := installChart(cfg, helm); err != nil {
+			return ctx, err
+		}
+	} else if out, err := kubectl(cfg, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join("..", "deploy", "default")); err != nil {
 		return ctx, fmt.Errorf("deploy the operator from deploy/default: %v\n%s", err, out)
 	}
 	dep := &appsv1.Deployment{}
 	dep.Name, dep.Namespace = operatorDeployment, operatorNamespace
-	err = wait.For(conditions.New(cfg.Client().Resources()).DeploymentConditionMatch(dep, appsv1.DeploymentAvailable, "True"),
+	err := wait.For(conditions.New(cfg.Client().Resources()).DeploymentConditionMatch(dep, appsv1.DeploymentAvailable, "True"),
 		wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
 	if err != nil {
 		logs, _ := kubectl(cfg, "-n", operatorNamespace, "describe", "pods")
@@ -102,6 +109,23 @@ func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, 
 		return ctx, fmt.Errorf("the secure-by-default admission policies are not in effect a minute after deploying: %v", err)
 	}
 	return ctx, nil
+}
+
+// installChart installs deploy/helm/kvcluster-operator the way the README says: into a namespace
+// made beforehand with the restricted Pod Security level deploy/default gives its own.
+func installChart(cfg *envconf.Config, helm string) error {
+	if out, err := kubectl(cfg, "create", "namespace", operatorNamespace); err != nil && !strings.Contains(out, "AlreadyExists") {
+		return fmt.Errorf("create the operator's namespace: %v\n%s", err, out)
+	}
+	if out, err := kubectl(cfg, "label", "--overwrite", "namespace", operatorNamespace, "pod-security.kubernetes.io/enforce=restricted"); err != nil {
+		return fmt.Errorf("label the operator's namespace: %v\n%s", err, out)
+	}
+	out, err := exec.Command(helm, "upgrade", "--install", "kvcluster-operator", filepath.Join("..", "deploy", "helm", "kvcluster-operator"),
+		"--kubeconfig", cfg.KubeconfigFile(), "--namespace", operatorNamespace).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("install the operator with its Helm chart: %v\n%s", err, out)
+	}
+	return nil
 }
 
 func kubectl(cfg *envconf.Config, args ...string) (string, error) {

@@ -3,7 +3,7 @@
 # cache outside the repository keyed by component and version, so every clone reuses them.
 #
 #   build.sh [component ...]     components: kubernetes kube-apiserver kubectl ... etcd-3.6.16
-#                                etcd-3.7.3 coredns versitygw prometheus kwok kube-router envtest all
+#                                etcd-3.7.3 coredns versitygw prometheus kwok kube-router helm envtest all
 #                                (default: all)
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
@@ -31,6 +31,7 @@ bindir() {
     versitygw) echo "$cache/versitygw-$VERSITYGW_VERSION/bin" ;;
     prometheus) echo "$cache/prometheus-$PROMETHEUS_VERSION/bin" ;;
     kwok) echo "$cache/kwok-$KWOK_VERSION/bin" ;;
+    helm) echo "$cache/helm-$HELM_VERSION/bin" ;;
     envtest) echo "$cache/envtest-$KUBERNETES_VERSION-etcd-v${ETCD_VERSIONS[-1]}/bin" ;;
     *) echo "unknown component $1" >&2; return 1 ;;
   esac
@@ -142,7 +143,8 @@ build() {
       build versitygw
       build prometheus
       build kwok
-      build kube-router ;;
+      build kube-router
+      build helm ;;
     envtest)
       # KUBEBUILDER_ASSETS: one folder holding kube-apiserver and etcd (the newest one we build).
       build_kube kube-apiserver
@@ -162,6 +164,8 @@ build() {
       "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" ;;
     # kwok simulates the fleet benchmark's node; kwokctl starts its control plane from our binaries
     kwok) build_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION" ;;
+    # the chart's lint and template in make test, its install in e2e
+    helm) build_install helm "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" ;;
     *) echo "build.sh: unknown component '$1'" >&2; exit 2 ;;
   esac
 }
