@@ -34,6 +34,12 @@ const (
 	ActUpdatePeerURL
 )
 
+// failedLearnerStarts is how many times a learner's etcd must have failed before its volume is
+// reset. A volume holding a removed member's identity fails every start; a first failure alone
+// says little: on the local cluster the pod of a learner added 3 s earlier had failed once, and
+// resetting its volume (its claim is deleted and made again) kept the member out for minutes.
+const failedLearnerStarts = 2
+
 // Rollout is the plan for a running cluster: whether it still differs from the spec (pending),
 // and the next single step. Every step is decided from what etcd and Kubernetes report now, so an
 // operator restarted half-way resumes where the cluster is, not where it thinks it was.
@@ -125,9 +131,9 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		case ord >= partitions && allHealthy:
 			return Rollout{Pending: true, Action: ActRemove, Ordinal: ord, MemberID: learner.ID, Reason: ReasonScaling,
 				Message: fmt.Sprintf("removing learner %s: partitions was lowered to %d while it joined", name, partitions)}
-		case !learner.Started() && hasPod && !pod.Ready && !pod.Terminating && pod.Restarts > 0:
-			// Its volume holds a previous member's data (or a failed first start): it can only
-			// join empty. The learner holds nothing the cluster needs.
+		case !learner.Started() && hasPod && !pod.Ready && !pod.Terminating && !pod.Running && pod.Restarts >= failedLearnerStarts:
+			// Its volume holds a previous member's data: it can only join empty. The learner
+			// holds nothing the cluster needs.
 			return Rollout{Pending: true, Action: ActWipeLearner, Ordinal: ord, MemberID: learner.ID, PodUID: pod.UID, VolumeUID: pod.VolumeUID, Reason: ReasonScaling,
 				Message: fmt.Sprintf("member %s cannot start as a learner (%d restarts); deleting its pod and volume so it joins empty", name, pod.Restarts)}
 		case learner.Healthy && learner.Started():

@@ -164,6 +164,16 @@ func TestPlanRollout(t *testing.T) {
 			s.kvc.Spec.Partitions = 4
 			s.obs.Pods[3] = Pod{UID: "pod-kv-3", Restarts: 2, VolumeUID: "vol-old"}
 		}), wantPending: true, wantAction: ActWipeLearner, wantMember: "kv-3", wantTo: 0},
+		{name: "scale up: a new learner whose first start failed gets another one", s: formed(3, to).with(func(s *scenario) {
+			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
+			s.kvc.Spec.Partitions = 4
+			s.obs.Pods[3] = Pod{UID: "pod-kv-3", Restarts: 1, VolumeUID: "vol-new"}
+		}), wantPending: true, wantAction: ActWait, wantMember: "learner", wantTo: 0},
+		{name: "scale up: a learner whose etcd is running again is not reset", s: formed(3, to).with(func(s *scenario) {
+			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
+			s.kvc.Spec.Partitions = 4
+			s.obs.Pods[3] = Pod{UID: "pod-kv-3", Restarts: 2, Running: true, VolumeUID: "vol-old"}
+		}), wantPending: true, wantAction: ActWait, wantMember: "learner", wantTo: 0},
 		{name: "scale up: no member is added while one is down", s: formed(3, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 5
 			s.member(2).Healthy = false
