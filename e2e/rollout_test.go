@@ -149,6 +149,29 @@ func stopWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv
 	return rep
 }
 
+// stuckMembers explains a membership change that did not finish: the namespace's events, what the
+// operator did, and each member pod's state with the last lines its etcd wrote in this run and the
+// one before (why it exited).
+func stuckMembers(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) string {
+	t.Helper()
+	events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--sort-by=.lastTimestamp")
+	logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--since=8m")
+	var operator []string
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, `"namespace":"`+kvc.Namespace+`"`) {
+			operator = append(operator, line)
+		}
+	}
+	pods, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "pods,pvc", "-o", "wide")
+	out := fmt.Sprintf("events:\n%s\noperator, about this cluster:\n%s\n%s", events, strings.Join(operator, "\n"), pods)
+	for _, name := range slices.Sorted(maps.Keys(memberPods(ctx, t, cfg, kvc))) {
+		current, _ := kubectl(cfg, "-n", kvc.Namespace, "logs", name, "-c", "etcd", "--tail=20")
+		previous, _ := kubectl(cfg, "-n", kvc.Namespace, "logs", name, "-c", "etcd", "--previous", "--tail=20")
+		out += fmt.Sprintf("\n%s etcd:\n%s\n%s etcd, previous run:\n%s", name, current, name, previous)
+	}
+	return out
+}
+
 // logMemberWarnings logs the warnings and errors each member logged since it started (etcd logs
 // JSON lines), the last ones of each: what a failed availability check needs to be explained.
 func logMemberWarnings(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
@@ -307,7 +330,7 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 					return readyWith(k, n), nil
 				}, wait.WithTimeout(6*time.Minute), wait.WithInterval(300*time.Millisecond))
 				if err != nil {
-					t.Fatalf("scaling to %d did not finish: %v; status %+v", n, err, get(ctx, t, cfg, kvc).Status)
+					t.Fatalf("scaling to %d did not finish: %v; status %+v\n%s", n, err, get(ctx, t, cfg, kvc).Status, stuckMembers(ctx, t, cfg, kvc))
 				}
 				if len(violations) > 0 {
 					t.Errorf("while scaling to %d, etcd had fewer than 3 voting members, more than one learner, or no leader: %v", n, slices.Compact(violations))
@@ -364,8 +387,7 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 				return false, nil
 			}, wait.WithTimeout(6*time.Minute), wait.WithInterval(time.Second))
 			if err != nil {
-				events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--sort-by=.lastTimestamp")
-				t.Fatalf("the member did not come back: %v; status %+v\nevents:\n%s", err, get(ctx, t, cfg, kvc).Status, events)
+				t.Fatalf("the member did not come back: %v; status %+v\n%s", err, get(ctx, t, cfg, kvc).Status, stuckMembers(ctx, t, cfg, kvc))
 			}
 			rep := writerAsk(ctx, t, cfg, kvc, "report")
 			t.Logf("healed in %s (member roll-1 was %s, now %s); writer: %d acknowledged, %d failed, longest unavailability %d ms",
