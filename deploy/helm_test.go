@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -59,7 +57,7 @@ func TestChartRendersWhatKustomizeDoes(t *testing.T) {
 		{name: "monitoring", components: []string{"monitoring"}, set: allMonitoring},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want := objectsByKey(t, kustomize(t, kubectl, tc.components))
+			want := objectsByKey(t, kustomize(t, kubectl, tc.components, ""))
 			for key, obj := range want {
 				if obj["kind"] == "Namespace" {
 					delete(want, key)
@@ -254,44 +252,6 @@ func renderChart(t *testing.T, helm string, set ...string) []byte {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// kustomize renders deploy/default with the given components of deploy/.
-func kustomize(t *testing.T, kubectl string, components []string) []byte {
-	t.Helper()
-	overlay := t.TempDir()
-	kustomization := "resources:\n  - " + relativeTo(t, overlay, "default") + "\n"
-	if len(components) > 0 {
-		kustomization += "components:\n"
-		for _, c := range components {
-			kustomization += "  - " + relativeTo(t, overlay, c) + "\n"
-		}
-	}
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd := exec.Command(kubectl, "kustomize", overlay)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("kubectl kustomize: %v\n%s", err, stderr.String())
-	}
-	return out
-}
-
-// relativeTo is deploy/<dir> relative to from (kustomize takes no absolute path).
-func relativeTo(t *testing.T, from, dir string) string {
-	t.Helper()
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := filepath.Rel(from, abs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rel
 }
 
 // objectsByKey decodes YAML documents into objects keyed by kind, namespace and name.
