@@ -988,6 +988,8 @@ type CertificateStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=kvc,categories=all
+// +kubebuilder:metadata:annotations="argocd.argoproj.io/sync-options=Delete=false"
+// +kubebuilder:metadata:annotations="kustomize.toolkit.fluxcd.io/prune=disabled"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyPartitions`
 // +kubebuilder:printcolumn:name="Partitions",type=integer,JSONPath=`.spec.partitions`
