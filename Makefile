@@ -64,7 +64,7 @@ tools: ## build (or reuse from the cache) every pinned binary the tests need
 
 .PHONY: tools-test
 tools-test: ## build (or reuse) what 'make test' needs
-	$(BUILD_TOOLS) envtest kubernetes coredns versitygw prometheus kwok kube-router helm
+	$(BUILD_TOOLS) envtest kubernetes coredns versitygw prometheus kwok kube-router helm gitops-crds
 
 .PHONY: envtest-assets
 envtest-assets:
@@ -110,11 +110,11 @@ test: verify-generated vet test-unit bench-scale-smoke e2e-local ## the whole su
 
 .PHONY: test-unit
 test-unit: envtest-assets ## unit tests, envtest (a real kube-apiserver and etcd, no kubelet), backup against real etcd and S3, alert rules with promtool, the Helm chart
-	$(BUILD_TOOLS) versitygw prometheus kubectl helm
+	$(BUILD_TOOLS) versitygw prometheus kubectl helm gitops-crds
 	KVC_REQUIRE_TEST_BINARIES=1 KUBEBUILDER_ASSETS="$$($(BUILD_TOOLS) --print-dir envtest)" \
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" \
 	KVC_PROMETHEUS="$$($(BUILD_TOOLS) --print-dir prometheus)" KVC_KUBECTL_DIR="$$($(BUILD_TOOLS) --print-dir kubectl)" \
-	KVC_HELM_DIR="$$($(BUILD_TOOLS) --print-dir helm)" \
+	KVC_HELM_DIR="$$($(BUILD_TOOLS) --print-dir helm)" KVC_GITOPS_CRDS="$$($(BUILD_TOOLS) --print-dir gitops-crds)" \
 	  go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
 

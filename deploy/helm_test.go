@@ -63,7 +63,7 @@ func TestChartRendersWhatKustomizeDoes(t *testing.T) {
 					delete(want, key)
 				}
 			}
-			got := objectsByKey(t, renderChart(t, helm, tc.set...))
+			got := objectsByKey(t, renderChart(t, helm, setArgs(tc.set)...))
 			for _, obj := range got {
 				dropHelmLabels(obj)
 			}
@@ -209,7 +209,7 @@ func TestChartValues(t *testing.T) {
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			rendered, err := helmTemplate(helm, tc.set...)
+			rendered, err := helmTemplate(helm, setArgs(tc.set)...)
 			if tc.refused != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.refused) {
 					t.Fatalf("want refused with %q, got %v", tc.refused, err)
@@ -232,9 +232,10 @@ func setArgs(set []string) []string {
 	return args
 }
 
-// helmTemplate renders the chart as `helm install -n kvcluster-system` would, CRDs included.
-func helmTemplate(helm string, set ...string) ([]byte, error) {
-	args := append([]string{"template", "kvcluster-operator", chartDir, "--namespace", releaseNamespace, "--include-crds"}, setArgs(set)...)
+// helmTemplate renders the chart as `helm install -n kvcluster-system` would, CRDs included, with
+// more arguments (values).
+func helmTemplate(helm string, values ...string) ([]byte, error) {
+	args := append([]string{"template", "kvcluster-operator", chartDir, "--namespace", releaseNamespace, "--include-crds"}, values...)
 	var stderr strings.Builder
 	cmd := exec.Command(helm, args...)
 	cmd.Stderr = &stderr
@@ -245,9 +246,9 @@ func helmTemplate(helm string, set ...string) ([]byte, error) {
 	return out, nil
 }
 
-func renderChart(t *testing.T, helm string, set ...string) []byte {
+func renderChart(t *testing.T, helm string, values ...string) []byte {
 	t.Helper()
-	out, err := helmTemplate(helm, set...)
+	out, err := helmTemplate(helm, values...)
 	if err != nil {
 		t.Fatal(err)
 	}

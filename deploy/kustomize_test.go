@@ -46,12 +46,18 @@ func kustomize(t *testing.T, kubectl string, components []string, extra string) 
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization+extra), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return kustomizeRun(t, kubectl, overlay)
+}
+
+// kustomizeRun renders a kustomize folder.
+func kustomizeRun(t *testing.T, kubectl, dir string) []byte {
+	t.Helper()
 	var stderr strings.Builder
-	cmd := exec.Command(kubectl, "kustomize", overlay)
+	cmd := exec.Command(kubectl, "kustomize", dir)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("kubectl kustomize: %v\n%s", err, stderr.String())
+		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, stderr.String())
 	}
 	return out
 }

@@ -3,7 +3,8 @@
 # cache outside the repository keyed by component and version, so every clone reuses them.
 #
 #   build.sh [component ...]     components: kubernetes kube-apiserver kubectl ... etcd-3.6.16
-#                                etcd-3.7.3 coredns versitygw prometheus kwok kube-router helm envtest all
+#                                etcd-3.7.3 coredns versitygw prometheus kwok kube-router helm
+#                                gitops-crds envtest all
 #                                (default: all)
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
@@ -32,6 +33,7 @@ bindir() {
     prometheus) echo "$cache/prometheus-$PROMETHEUS_VERSION/bin" ;;
     kwok) echo "$cache/kwok-$KWOK_VERSION/bin" ;;
     helm) echo "$cache/helm-$HELM_VERSION/bin" ;;
+    gitops-crds) echo "$cache/gitops-crds-argocd-$ARGOCD_VERSION-flux-$FLUX_SOURCE_CONTROLLER_VERSION-$FLUX_KUSTOMIZE_CONTROLLER_VERSION/crds" ;;
     envtest) echo "$cache/envtest-$KUBERNETES_VERSION-etcd-v${ETCD_VERSIONS[-1]}/bin" ;;
     *) echo "unknown component $1" >&2; return 1 ;;
   esac
@@ -134,6 +136,20 @@ build_install() {
   log "built $* in $((SECONDS - start))s"
 }
 
+# build_gitops_crds copies the CRDs of the GitOps tools out of their Go modules (no build).
+build_gitops_crds() {
+  local out; out=$(bindir gitops-crds)
+  [ -d "$out" ] && return 0
+  mkdir -p "$(dirname "$out")"
+  local tmp; mktemp_in "$(dirname "$out")"
+  log "copying the CRDs of Argo CD $ARGOCD_VERSION and Flux from their modules"
+  (cd "$here/tools/modfiles" && go run . -out "$tmp" \
+    "github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION" manifests/crds/application-crd.yaml -- \
+    "github.com/fluxcd/source-controller@$FLUX_SOURCE_CONTROLLER_VERSION" config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml -- \
+    "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_CONTROLLER_VERSION" config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml)
+  mv "$tmp" "$out"
+}
+
 build() {
   case $1 in
     all)
@@ -144,7 +160,8 @@ build() {
       build prometheus
       build kwok
       build kube-router
-      build helm ;;
+      build helm
+      build gitops-crds ;;
     envtest)
       # KUBEBUILDER_ASSETS: one folder holding kube-apiserver and etcd (the newest one we build).
       build_kube kube-apiserver
@@ -166,6 +183,7 @@ build() {
     kwok) build_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION" ;;
     # the chart's lint and template in make test, its install in e2e
     helm) build_install helm "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" ;;
+    gitops-crds) build_gitops_crds ;;
     *) echo "build.sh: unknown component '$1'" >&2; exit 2 ;;
   esac
 }
