@@ -547,7 +547,10 @@ func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster
 		// The action says why: a routine defragmentation and one under the alarm are not folded
 		// into one series (see memberPod).
 		action, why := "FreeSpace", "under the NOSPACE alarm"
-		if !step.Active {
+		switch {
+		case step.Requested != "":
+			action, why = "Defragment", fmt.Sprintf("asked for with %s=%s", kvv1.AnnotationDefragmentNow, step.Requested)
+		case !step.Active:
 			action, why = "Defragment", "in routine operation (spec.space.defragmentation)"
 		}
 		r.Recorder.Eventf(kvc, memberPod(kvc, step.Defragment), corev1.EventTypeNormal, plan.EventMemberDefragmented, action,

@@ -209,3 +209,42 @@ func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
 		t.Errorf("dropping spec.backup while an answered request is still annotated is refused: %v", err)
 	}
 }
+
+// TestADefragmentationAskedForWithATooLongTokenIsRefusedAtAdmission: with deploy/admission's
+// defragment-now policy, a new value of kvcluster.io/defragment-now longer than 63 characters is
+// refused, saying why; a shorter one is taken.
+func TestADefragmentationAskedForWithATooLongTokenIsRefusedAtAdmission(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("defragnowpolicy")
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	readPolicy(t, "defragment-now.yaml", &policy, &binding)
+	binding.Spec.PolicyName, binding.Spec.MatchResources = policy.Name+"-"+ns, inNamespace(ns)
+	installPolicy(t, h, ns, &policy, &binding)
+
+	kvc := newKVCluster(ns, "kv", 1)
+	h.create(kvc)
+	annotate := func(token string) error {
+		k := h.fresh(kvc)
+		k.Annotations = map[string]string{kvv1.AnnotationDefragmentNow: token}
+		return h.client.Update(ctx, k)
+	}
+	// The policy takes effect within seconds of its creation; until then each try is a new value.
+	var err error
+	for i := range 60 {
+		if err = annotate(fmt.Sprintf("%063d", i)); err != nil {
+			break
+		}
+		if err = annotate(fmt.Sprintf("%064d", i)); err != nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "kvcluster.io/defragment-now must be at most 63 characters") {
+		t.Fatalf("a 64-character token: %v, want refused as too long", err)
+	}
+	if err := annotate("2026-12-03T08:00"); err != nil {
+		t.Errorf("a short token is refused: %v", err)
+	}
+}

@@ -133,3 +133,43 @@ func TestRoutineDefragmentation(t *testing.T) {
 	}
 	h.assertIdle(kvc, "every member defragmented and recorded")
 }
+
+// TestDefragmentNowDefragmentsEveryMemberOncePerToken: kvcluster.io/defragment-now=<token> on a
+// Ready cluster whose databases are too small for routine defragmentation defragments the
+// followers and then the leader, one a reconcile, and status.defragmentRequest and the events say
+// so; the same token does nothing more (the cluster is idle again), a new one defragments every
+// member again.
+func TestDefragmentNowDefragmentsEveryMemberOncePerToken(t *testing.T) {
+	h := newHarness(t)
+	kvc := h.readyCluster(newKVCluster(h.namespace("defragnow"), "kv", 3))
+	drainEvents(h)
+	ask := func(token string) []string {
+		h.setAnnotation(kvc, kvv1.AnnotationDefragmentNow, token)
+		for range 5 {
+			h.clock.SetTime(h.clock.Now().Add(time.Millisecond))
+			h.reconcile(kvc)
+		}
+		return h.members.takeCalls()
+	}
+	want := []string{"defragment kv-1", "defragment kv-2", "defragment kv-0"}
+	if calls := ask("2026-12-03T08:00"); !slices.Equal(calls, want) {
+		t.Errorf("etcd calls = %q, want %q", calls, want)
+	}
+	req := h.fresh(kvc).Status.DefragmentRequest
+	if req == nil || req.Token != "2026-12-03T08:00" || req.State != kvv1.BackupRequestSucceeded || !slices.Equal(req.Defragmented, []string{"kv-1", "kv-2", "kv-0"}) || req.StartTime == nil {
+		t.Errorf("status.defragmentRequest = %+v, want Succeeded for the token, kv-1, kv-2, kv-0", req)
+	}
+	ev := drainEvents(h)
+	for _, want := range []string{plan.EventDefragmentationStarted, "defragmented kv-2 in", "asked for with kvcluster.io/defragment-now=2026-12-03T08:00", plan.EventDefragmentationFinished} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("events lack %q:\n%s", want, ev)
+		}
+	}
+	h.assertIdle(kvc, "the defragmentation asked for done")
+	if calls := h.members.takeCalls(); len(calls) != 0 {
+		t.Errorf("an answered token defragmented again: %q", calls)
+	}
+	if calls := ask("2026-12-03T09:00"); !slices.Equal(calls, want) {
+		t.Errorf("a new token: etcd calls = %q, want %q", calls, want)
+	}
+}

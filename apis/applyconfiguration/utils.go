@@ -32,6 +32,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.CompactionApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DefragmentationSpec"):
 		return &apisv1alpha1.DefragmentationSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DefragmentRequest"):
+		return &apisv1alpha1.DefragmentRequestApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeletionStep"):
 		return &apisv1alpha1.DeletionStepApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeregistrationSpec"):

@@ -596,7 +596,26 @@ type BackupRequest struct {
 	Backup *BackupRecord `json:"backup,omitempty"`
 }
 
-// BackupRequestState is where an on-demand backup stands.
+// DefragmentRequest is an on-demand defragmentation of every member, asked for with the
+// kvcluster.io/defragment-now annotation.
+type DefragmentRequest struct {
+	// Token is the annotation's value this request answers.
+	Token string `json:"token"`
+	// State is Pending (waiting until the cluster is Ready, every member answers and no backup
+	// runs), Running, Succeeded or Failed.
+	State BackupRequestState `json:"state"`
+	// StartTime is when the first member's defragmentation started.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// Defragmented are the members defragmented for this request so far.
+	// +optional
+	Defragmented []string `json:"defragmented,omitempty"`
+	// Message says what a pending or running request waits for, or why it failed.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// BackupRequestState is where an on-demand backup (or defragmentation) stands.
 //
 // +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed
 type BackupRequestState string
@@ -821,6 +840,12 @@ const (
 	AnnotationBackupNow = "kvcluster.io/backup-now"
 	// MaxBackupNowToken is the longest value of AnnotationBackupNow taken.
 	MaxBackupNowToken = 63
+	// AnnotationDefragmentNow: a new value (any token of at most 63 characters, e.g. a date)
+	// defragments every member once now, one at a time, the followers first and the leader last,
+	// whatever spec.space.defragmentation says; status.defragmentRequest follows it. It waits
+	// while the cluster is not Ready, a member does not answer or a backup runs. A value already
+	// answered is never taken again; a new one waits for the one running to finish.
+	AnnotationDefragmentNow = "kvcluster.io/defragment-now"
 	// FinalizerFinalBackup holds deletion until the final backup finished (or was given up).
 	FinalizerFinalBackup = "kvcluster.io/final-backup"
 )
@@ -917,6 +942,11 @@ type KVClusterStatus struct {
 	// BackupRequest is where the backup most recently asked for with kvcluster.io/backup-now stands.
 	// +optional
 	BackupRequest *BackupRequest `json:"backupRequest,omitempty"`
+
+	// DefragmentRequest is where the defragmentation most recently asked for with
+	// kvcluster.io/defragment-now stands.
+	// +optional
+	DefragmentRequest *DefragmentRequest `json:"defragmentRequest,omitempty"`
 
 	// LastProgressTime is when the phase was entered or the number of ready members last changed;
 	// the progress deadline counts from it.

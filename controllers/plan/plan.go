@@ -158,6 +158,13 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 		st.LastCompaction.DisarmedTime = &at
 	}
 	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(st, quota), now)
+	// An open kvcluster.io/defragment-now request decides the defragmentation, not the routine;
+	// under NOSPACE the operator frees space its own way, and the request waits.
+	step, ok, requestEvents := answerDefragmentRequest(kvc, obs, &st, v.phase, now)
+	if ok && !p.FreeSpace.Active {
+		p.FreeSpace = step
+	}
+	events = append(events, requestEvents...)
 	events = append(events, setSpacePressure(&st, kvc, obs, p.Disarm, p.FreeSpace, now)...)
 	events = append(events, defragmentationScheduleProblem(kvc, now)...)
 	spacePressure := meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionSpacePressure)

@@ -73,10 +73,14 @@ const (
 	EventSpaceRecovered         = "SpaceRecovered"
 	EventSpaceCompacted         = "SpaceCompacted"
 	EventMemberDefragmented     = "MemberDefragmented"
-	EventNoSpaceDisarmed        = "NoSpaceDisarmed"
-	EventFreeSpaceFailed        = "FreeSpaceFailed"
-	EventVolumeExpansion        = "VolumeExpansionRequested"
-	EventVolumesExpanded        = "VolumesExpanded"
+	// The defragmentation asked for with kvcluster.io/defragment-now started, finished, failed.
+	EventDefragmentationStarted  = "DefragmentationStarted"
+	EventDefragmentationFinished = "DefragmentationFinished"
+	EventDefragmentationFailed   = "DefragmentationFailed"
+	EventNoSpaceDisarmed         = "NoSpaceDisarmed"
+	EventFreeSpaceFailed         = "FreeSpaceFailed"
+	EventVolumeExpansion         = "VolumeExpansionRequested"
+	EventVolumesExpanded         = "VolumesExpanded"
 	// EventInvalidDefragmentationSchedule: spec.space.defragmentation.schedule cannot be followed.
 	EventInvalidDefragmentationSchedule = "InvalidDefragmentationSchedule"
 

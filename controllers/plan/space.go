@@ -77,6 +77,8 @@ type FreeSpace struct {
 	// TooLarge are the members it leaves fragmented (see maxOnlineDefragmentBytes).
 	Exhausted bool
 	TooLarge  []string
+	// Requested is the kvcluster.io/defragment-now value the defragmentation answers ("": none).
+	Requested string
 }
 
 // maxOnlineDefragmentBytes is the largest database the operator defragments: a member answers
@@ -350,4 +352,96 @@ func quotaOf(st kvv1.KVClusterStatus, given int64) *resource.Quantity {
 		return st.BackendQuota
 	}
 	return resource.NewQuantity(given, resource.BinarySI)
+}
+
+// answerDefragmentRequest follows the defragmentation asked for with kvcluster.io/defragment-now
+// in st.DefragmentRequest, and returns the member to defragment now (ok: the request decides the
+// step, not routine defragmentation). Every member is defragmented once, the followers by name and
+// the leader last, one per reconcile, each recorded as it is done (Observation.Defragmented). It
+// waits, like routine defragmentation, until the cluster is Ready, every member answers, etcd
+// reports no alarm (the operator frees space itself under NOSPACE) and no backup runs. A value is
+// answered once; a new one waits for the running one to finish.
+func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, phase kvv1.Phase, now time.Time) (step FreeSpace, ok bool, events []Event) {
+	prev := st.DefragmentRequest
+	token := kvc.Annotations[kvv1.AnnotationDefragmentNow]
+	answered := func(r *kvv1.DefragmentRequest) bool {
+		return r.State == kvv1.BackupRequestSucceeded || r.State == kvv1.BackupRequestFailed
+	}
+	withdrawn := token == "" // the annotation went: a defragmentation under way is finished; none starts
+	switch {
+	case withdrawn && (prev == nil || answered(prev)):
+		return FreeSpace{}, false, nil
+	case withdrawn, prev != nil && prev.Token != token && !answered(prev): // never two at once
+		token = prev.Token
+	}
+	req := &kvv1.DefragmentRequest{Token: token, State: kvv1.BackupRequestPending}
+	if prev != nil && prev.Token == token {
+		req = prev.DeepCopy()
+	}
+	if answered(req) {
+		return FreeSpace{}, false, nil
+	}
+	// While a request is open every defragmentation outside NOSPACE is its own (routine ones wait);
+	// status may not say Running yet when the first one was just taken.
+	if obs.Defragmented != "" && !slices.Contains(req.Defragmented, obs.Defragmented) {
+		req.Defragmented = append(req.Defragmented, obs.Defragmented)
+	}
+	st.DefragmentRequest = req
+	fail := func(message string) (FreeSpace, bool, []Event) {
+		req.State, req.Message = kvv1.BackupRequestFailed, message
+		return FreeSpace{}, true, []Event{{Type: corev1.EventTypeWarning, Reason: EventDefragmentationFailed, Action: "Defragment",
+			Message: fmt.Sprintf("the defragmentation asked for with %s=%s: %s", kvv1.AnnotationDefragmentNow, token, message)}}
+	}
+	busy := slices.IndexFunc(obs.Jobs, func(j Job) bool { return !j.Done })
+	switch {
+	case len(token) > kvv1.MaxBackupNowToken:
+		return fail(fmt.Sprintf("the value has %d characters, more than %d: set a shorter one, e.g. the date", len(token), kvv1.MaxBackupNowToken))
+	case withdrawn && req.State == kvv1.BackupRequestPending:
+		return fail(kvv1.AnnotationDefragmentNow + " was removed before the defragmentation started")
+	case phase != kvv1.PhaseReady:
+		req.Message = fmt.Sprintf("waiting while the cluster is %s", phase)
+	case !obs.membersHealthy(kvc):
+		req.Message = "waiting until every member answers"
+	case len(obs.Cluster.Alarms) > 0:
+		req.Message = "waiting while etcd reports an alarm (under NOSPACE the operator frees space itself)"
+	case busy >= 0:
+		req.Message = fmt.Sprintf("waiting for backup %s to finish (its snapshot would stall behind a defragmentation)", obs.Jobs[busy].Job.Name)
+	default:
+		req.Message = ""
+		if req.State == kvv1.BackupRequestPending {
+			at := metav1.NewTime(now)
+			req.State, req.StartTime = kvv1.BackupRequestRunning, &at
+			events = append(events, Event{Type: corev1.EventTypeNormal, Reason: EventDefragmentationStarted, Action: "Defragment",
+				Message: fmt.Sprintf("defragmenting every member, one at a time, asked for with %s=%s", kvv1.AnnotationDefragmentNow, token)})
+		}
+		leader, _ := obs.Cluster.Leader()
+		scheme := obs.ClientScheme(kvc)
+		var tooLarge []string
+		for _, m := range append(slices.DeleteFunc(slices.Clone(obs.Cluster.Members), func(m members.Member) bool { return m.ID == leader.ID }), leader) {
+			ord, ok := specs.OrdinalOfMember(kvc, m.Name)
+			switch {
+			case !ok || slices.Contains(req.Defragmented, m.Name):
+			case m.DBSize > maxOnlineDefragmentBytes:
+				tooLarge = append(tooLarge, m.Name)
+			default:
+				return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord), Requested: token}, true, events
+			}
+		}
+		if len(tooLarge) > 0 {
+			step, ok, failed := fail(fmt.Sprintf("defragmented %s; not %s: larger than %d GiB, which a member cannot rewrite before its liveness probe restarts it",
+				listOrNone(req.Defragmented), strings.Join(tooLarge, ", "), maxOnlineDefragmentBytes>>30))
+			return step, ok, append(events, failed...)
+		}
+		req.State = kvv1.BackupRequestSucceeded
+		events = append(events, Event{Type: corev1.EventTypeNormal, Reason: EventDefragmentationFinished, Action: "Defragment",
+			Message: fmt.Sprintf("defragmented %s, asked for with %s=%s", listOrNone(req.Defragmented), kvv1.AnnotationDefragmentNow, token)})
+	}
+	return FreeSpace{}, true, events
+}
+
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "no member"
+	}
+	return strings.Join(names, ", ")
 }

@@ -488,3 +488,110 @@ func TestDefragmentationScheduleProblem(t *testing.T) {
 		}
 	}
 }
+
+// TestDefragmentRequest: kvcluster.io/defragment-now=<token> defragments every member once, the
+// followers by name and the leader last, one a reconcile, recorded in status.defragmentRequest; a
+// token is answered once, a new one waits for the running one, and it waits like routine
+// defragmentation does (not Ready, a member away, an alarm, a backup running), whatever
+// spec.space.defragmentation says.
+func TestDefragmentRequest(t *testing.T) {
+	started := metav1.NewTime(t0.Add(-time.Minute))
+	asked := func(token string, prev *kvv1.DefragmentRequest) func(*scenario) *scenario {
+		return func(s *scenario) *scenario {
+			if token != "" {
+				s.kvc.Annotations = map[string]string{kvv1.AnnotationDefragmentNow: token}
+			}
+			s.kvc.Status.DefragmentRequest = prev
+			return s
+		}
+	}
+	running := func(token string, done ...string) *kvv1.DefragmentRequest {
+		return &kvv1.DefragmentRequest{Token: token, State: kvv1.BackupRequestRunning, StartTime: &started, Defragmented: done}
+	}
+	just := func(name string) func(*scenario) *scenario {
+		return func(s *scenario) *scenario { s.obs.Defragmented = name; return s }
+	}
+	tests := []struct {
+		name       string
+		s          *scenario
+		want       string // the member defragmented
+		wantState  kvv1.BackupRequestState
+		wantToken  string
+		wantDone   []string
+		wantEvent  string
+		wantInText string // in the request's message
+	}{
+		{name: "a new token: the first follower, announced", s: asked("t1", nil)(sized(10, 10, 10)),
+			want: "kv-1", wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantEvent: EventDefragmentationStarted},
+		{name: "the first just done (status not written yet): recorded, the next follower", s: just("kv-1")(asked("t1", &kvv1.DefragmentRequest{Token: "t1", State: kvv1.BackupRequestPending})(sized(10, 10, 10))),
+			want: "kv-2", wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantDone: []string{"kv-1"}, wantEvent: EventDefragmentationStarted},
+		{name: "the followers done: the leader", s: just("kv-2")(asked("t1", running("t1", "kv-1"))(sized(10, 10, 10))),
+			want: "kv-0", wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantDone: []string{"kv-1", "kv-2"}},
+		{name: "every member done: succeeded, announced", s: just("kv-0")(asked("t1", running("t1", "kv-1", "kv-2"))(sized(10, 10, 10))),
+			wantState: kvv1.BackupRequestSucceeded, wantToken: "t1", wantDone: []string{"kv-1", "kv-2", "kv-0"}, wantEvent: EventDefragmentationFinished},
+		{name: "answered: never again, and routine defragmentation goes on", s: asked("t1", &kvv1.DefragmentRequest{Token: "t1", State: kvv1.BackupRequestSucceeded})(sized(60, 60, 60)),
+			want: "kv-1", wantState: kvv1.BackupRequestSucceeded, wantToken: "t1"},
+		{name: "a new token after an answered one: a new request", s: asked("t2", &kvv1.DefragmentRequest{Token: "t1", State: kvv1.BackupRequestSucceeded, Defragmented: []string{"kv-0", "kv-1", "kv-2"}})(sized(10, 10, 10)),
+			want: "kv-1", wantState: kvv1.BackupRequestRunning, wantToken: "t2", wantEvent: EventDefragmentationStarted},
+		{name: "a new token while one runs: that one goes on first", s: asked("t2", running("t1", "kv-1"))(sized(10, 10, 10)),
+			want: "kv-2", wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantDone: []string{"kv-1"}},
+		{name: "the annotation removed while running: finished", s: asked("", running("t1", "kv-1"))(sized(10, 10, 10)),
+			want: "kv-2", wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantDone: []string{"kv-1"}},
+		{name: "the annotation removed before it started: failed", s: asked("", &kvv1.DefragmentRequest{Token: "t1", State: kvv1.BackupRequestPending})(sized(10, 10, 10).upgradeTo("3.7.4")),
+			wantState: kvv1.BackupRequestFailed, wantToken: "t1", wantEvent: EventDefragmentationFailed, wantInText: "removed"},
+		{name: "a token too long: failed, announced", s: asked(strings.Repeat("x", 64), nil)(sized(10, 10, 10)),
+			wantState: kvv1.BackupRequestFailed, wantToken: strings.Repeat("x", 64), wantEvent: EventDefragmentationFailed, wantInText: "64 characters"},
+		{name: "during a rollout: waits, and so does routine defragmentation", s: asked("t1", nil)(sized(60, 60, 60).upgradeTo("3.7.4")),
+			wantState: kvv1.BackupRequestPending, wantToken: "t1", wantInText: "Upgrading"},
+		{name: "a member does not answer: waits", s: asked("t1", running("t1", "kv-1"))(func() *scenario {
+			s := sized(10, 10, 10)
+			s.member(2).Healthy = false
+			return s
+		}()), wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantDone: []string{"kv-1"}, wantInText: "every member"},
+		{name: "a backup runs: waits", s: asked("t1", nil)(func() *scenario {
+			s := sized(10, 10, 10)
+			s.obs.Jobs = []Job{{Job: preUpgradeJob("3.7.3", "")}}
+			return s
+		}()), wantState: kvv1.BackupRequestPending, wantToken: "t1", wantInText: "backup"},
+		{name: "with mode Off too", s: asked("t1", nil)(func() *scenario {
+			s := sized(10, 10, 10)
+			s.kvc.Spec.Space.Defragmentation.Mode = kvv1.DefragmentationOff
+			return s
+		}()), want: "kv-1", wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantEvent: EventDefragmentationStarted},
+		{name: "a member too large to defragment while it serves: the others, then failed", s: asked("t1", running("t1", "kv-1"))(func() *scenario {
+			s := sized(10, 10, 10)
+			s.member(2).DBSize = 3 << 30
+			s.obs.Defragmented = "kv-0"
+			return s
+		}()), wantState: kvv1.BackupRequestFailed, wantToken: "t1", wantDone: []string{"kv-1", "kv-0"}, wantEvent: EventDefragmentationFailed, wantInText: "not kv-2"},
+		{name: "under NOSPACE: the operator frees space its way, the request waits", s: asked("t1", nil)(noSpace(100, 100, 100).withSpaceCondition(metav1.ConditionTrue, ReasonNoSpace)),
+			wantState: kvv1.BackupRequestPending, wantToken: "t1", wantInText: "alarm"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Make(tt.s.kvc, tt.s.obs, t0, Config{})
+			if f := p.FreeSpace; f.Defragment != tt.want || f.Defragment != "" && f.Requested == "" && tt.wantState == kvv1.BackupRequestRunning {
+				t.Errorf("defragment %q (asked for with %q); want %q", f.Defragment, f.Requested, tt.want)
+			}
+			req := p.Status.DefragmentRequest
+			if req == nil {
+				t.Fatal("status.defragmentRequest is unset")
+			}
+			if req.State != tt.wantState || req.Token != tt.wantToken || !slices.Equal(req.Defragmented, tt.wantDone) || !strings.Contains(req.Message, tt.wantInText) {
+				t.Errorf("request %+v; want %s for %s, done %v, message with %q", *req, tt.wantState, tt.wantToken, tt.wantDone, tt.wantInText)
+			}
+			if req.State == kvv1.BackupRequestRunning && req.StartTime == nil {
+				t.Error("running without a start time")
+			}
+			var reasons []string
+			for _, e := range p.Events {
+				if strings.HasPrefix(e.Reason, "Defragmentation") {
+					reasons = append(reasons, e.Reason)
+				}
+			}
+			if want := []string{tt.wantEvent}; tt.wantEvent == "" && len(reasons) > 0 || tt.wantEvent != "" && !slices.Equal(reasons, want) {
+				t.Errorf("events %v, want %q", reasons, tt.wantEvent)
+			}
+		})
+	}
+}

@@ -175,6 +175,27 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: time
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime
+- name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentRequest
+  map:
+    fields:
+    - name: defragmented
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: atomic
+    - name: message
+      type:
+        scalar: string
+    - name: startTime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: state
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.BackupRequestState
+    - name: token
+      type:
+        scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentationMode
   scalar: string
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentationSpec
@@ -360,6 +381,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: currentVersion
       type:
         scalar: string
+    - name: defragmentRequest
+      type:
+        namedType: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.DefragmentRequest
     - name: deletion
       type:
         list:

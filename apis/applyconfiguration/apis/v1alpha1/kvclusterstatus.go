@@ -32,6 +32,9 @@ type KVClusterStatusApplyConfiguration struct {
 	LastBackup *BackupRecordApplyConfiguration `json:"lastBackup,omitempty"`
 	// BackupRequest is where the backup most recently asked for with kvcluster.io/backup-now stands.
 	BackupRequest *BackupRequestApplyConfiguration `json:"backupRequest,omitempty"`
+	// DefragmentRequest is where the defragmentation most recently asked for with
+	// kvcluster.io/defragment-now stands.
+	DefragmentRequest *DefragmentRequestApplyConfiguration `json:"defragmentRequest,omitempty"`
 	// LastProgressTime is when the phase was entered or the number of ready members last changed;
 	// the progress deadline counts from it.
 	LastProgressTime *v1.Time `json:"lastProgressTime,omitempty"`
@@ -134,6 +137,14 @@ func (b *KVClusterStatusApplyConfiguration) WithLastBackup(value *BackupRecordAp
 // If called multiple times, the BackupRequest field is set to the value of the last call.
 func (b *KVClusterStatusApplyConfiguration) WithBackupRequest(value *BackupRequestApplyConfiguration) *KVClusterStatusApplyConfiguration {
 	b.BackupRequest = value
+	return b
+}
+
+// WithDefragmentRequest sets the DefragmentRequest field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the DefragmentRequest field is set to the value of the last call.
+func (b *KVClusterStatusApplyConfiguration) WithDefragmentRequest(value *DefragmentRequestApplyConfiguration) *KVClusterStatusApplyConfiguration {
+	b.DefragmentRequest = value
 	return b
 }
 
