@@ -138,6 +138,41 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				}
 				return ctx
 			}).
+		Assess("kvcluster.io/defragment-now: every member once more, at once, though just defragmented, with no write failing",
+			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+				before := writerAsk(ctx, t, cfg, kvc, "report")
+				token := "e2e-" + time.Now().UTC().Format("20060102T150405Z")
+				asked := time.Now()
+				if out, err := kubectl(cfg, "-n", kvc.Namespace, "annotate", "kvc", kvc.Name, "--overwrite", kvv1.AnnotationDefragmentNow+"="+token); err != nil {
+					t.Fatalf("kubectl annotate: %v\n%s", err, out)
+				}
+				var got *kvv1.KVCluster
+				err := wait.For(func(ctx context.Context) (bool, error) {
+					got = get(ctx, t, cfg, kvc)
+					r := got.Status.DefragmentRequest
+					return r != nil && r.Token == token && (r.State == kvv1.BackupRequestSucceeded || r.State == kvv1.BackupRequestFailed), nil
+				}, wait.WithTimeout(2*time.Minute), wait.WithInterval(time.Second))
+				if err != nil {
+					t.Fatalf("the defragmentation asked for did not finish: %v; status.defragmentRequest %+v\nevents:\n%s", err, got.Status.DefragmentRequest,
+						strings.Join(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name), "\n"))
+				}
+				r := got.Status.DefragmentRequest
+				_, _, leader := votingMembers(got)
+				if r.State != kvv1.BackupRequestSucceeded || len(r.Defragmented) != 3 || r.Defragmented[2] != leader {
+					t.Errorf("status.defragmentRequest %+v; want Succeeded, each member once, the leader (%s) last", *r, leader)
+				}
+				for _, m := range got.Status.Members {
+					if m.LastDefragmentTime == nil || m.LastDefragmentTime.Time.Before(asked.Add(-time.Second)) {
+						t.Errorf("%s: lastDefragmentTime %v, want after the request (%s)", m.Name, m.LastDefragmentTime, asked.Format(time.RFC3339))
+					}
+				}
+				rep := writerAsk(ctx, t, cfg, kvc, "report")
+				t.Logf("defragmented %v %s after the annotation; writes failed meanwhile: %d", r.Defragmented, time.Since(asked).Round(time.Second), rep.Failed-before.Failed)
+				if rep.Failed != before.Failed {
+					t.Errorf("%d writes failed while members were defragmented (last error: %s)", rep.Failed-before.Failed, rep.LastError)
+				}
+				return ctx
+			}).
 		Assess("overwriting one key until etcd refuses: compacted, defragmented follower by follower and the leader last, disarmed, no write lost",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 				if q := get(ctx, t, cfg, kvc).Status.BackendQuota; q == nil || q.String() != "24Mi" {
