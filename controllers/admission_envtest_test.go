@@ -50,6 +50,25 @@ func installPolicy(t *testing.T, h *harness, ns string, policy, binding client.O
 	}
 }
 
+// bindValidatingPolicy installs the validating policy of deploy/admission/<file>, bound to
+// namespace ns alone, and deletes it when the test ends.
+func bindValidatingPolicy(t *testing.T, h *harness, ns, file string) {
+	t.Helper()
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	readPolicy(t, file, &policy, &binding)
+	binding.Spec.PolicyName, binding.Spec.MatchResources = policy.Name+"-"+ns, inNamespace(ns)
+	installPolicy(t, h, ns, &policy, &binding)
+}
+
+// annotateOnly updates the KVCluster with this one annotation, as a person or GitOps tool would
+// set it, and returns what the API server answers (admission's refusal, say).
+func (h *harness) annotateOnly(kvc *kvv1.KVCluster, key, value string) error {
+	k := h.fresh(kvc)
+	k.Annotations = map[string]string{key: value}
+	return h.client.Update(context.Background(), k)
+}
+
 // bindSecureDefaults installs deploy/admission's policies, bound to namespace ns alone (the other
 // tests keep their clusters as they create them), and waits until the API server applies them.
 func bindSecureDefaults(t *testing.T, h *harness, ns string) {
@@ -171,21 +190,13 @@ func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	ns := h.namespace("backupnowpolicy")
-	var policy admissionregistrationv1.ValidatingAdmissionPolicy
-	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	readPolicy(t, "backup-now.yaml", &policy, &binding)
-	binding.Spec.PolicyName, binding.Spec.MatchResources = policy.Name+"-"+ns, inNamespace(ns)
-	installPolicy(t, h, ns, &policy, &binding)
+	bindValidatingPolicy(t, h, ns, "backup-now.yaml")
 
 	plain := newKVCluster(ns, "plain", 1)
 	h.create(plain)
 	backedUp := withBackups(newKVCluster(ns, "backedup", 1), "")
 	h.create(backedUp)
-	annotate := func(kvc *kvv1.KVCluster, token string) error {
-		k := h.fresh(kvc)
-		k.Annotations = map[string]string{kvv1.AnnotationBackupNow: token}
-		return h.client.Update(ctx, k)
-	}
+	annotate := func(kvc *kvv1.KVCluster, token string) error { return h.annotateOnly(kvc, kvv1.AnnotationBackupNow, token) }
 	// The policy takes effect within seconds of its creation; until then each try is a new value.
 	var err error
 	for i := range 60 {
@@ -215,21 +226,12 @@ func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
 // refused, saying why; a shorter one is taken.
 func TestADefragmentationAskedForWithATooLongTokenIsRefusedAtAdmission(t *testing.T) {
 	h := newHarness(t)
-	ctx := context.Background()
 	ns := h.namespace("defragnowpolicy")
-	var policy admissionregistrationv1.ValidatingAdmissionPolicy
-	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	readPolicy(t, "defragment-now.yaml", &policy, &binding)
-	binding.Spec.PolicyName, binding.Spec.MatchResources = policy.Name+"-"+ns, inNamespace(ns)
-	installPolicy(t, h, ns, &policy, &binding)
+	bindValidatingPolicy(t, h, ns, "defragment-now.yaml")
 
 	kvc := newKVCluster(ns, "kv", 1)
 	h.create(kvc)
-	annotate := func(token string) error {
-		k := h.fresh(kvc)
-		k.Annotations = map[string]string{kvv1.AnnotationDefragmentNow: token}
-		return h.client.Update(ctx, k)
-	}
+	annotate := func(token string) error { return h.annotateOnly(kvc, kvv1.AnnotationDefragmentNow, token) }
 	// The policy takes effect within seconds of its creation; until then each try is a new value.
 	var err error
 	for i := range 60 {
