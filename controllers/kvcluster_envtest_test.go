@@ -536,6 +536,11 @@ func withCompaction(mode kvv1.AutoCompactionMode, retention string) func(*kvv1.K
 	}
 }
 
+// withPods sets spec.pods.
+func withPods(p kvv1.PodPolicy) func(*kvv1.KVCluster) {
+	return func(k *kvv1.KVCluster) { k.Spec.Pods = p }
+}
+
 // withDefragmentation sets spec.space.defragmentation.
 func withDefragmentation(mode kvv1.DefragmentationMode, schedule string) func(*kvv1.KVCluster) {
 	return func(k *kvv1.KVCluster) {
@@ -600,6 +605,23 @@ func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 		{name: "unknown defragmentation mode", mutate: withDefragmentation("Nightly", ""), wantErr: "spec.space.defragmentation.mode"},
 		{name: "ok: defragmentation off", mutate: withDefragmentation(kvv1.DefragmentationOff, "")},
 		{name: "ok: defragmentation in a zone's night", mutate: withDefragmentation(kvv1.DefragmentationAuto, "CRON_TZ=Europe/Berlin 0 3 * * *")},
+		{name: "a pod label the operator sets", mutate: withPods(kvv1.PodPolicy{Labels: map[string]string{"app.kubernetes.io/instance": "other"}}),
+			wantErr: "pods.labels may not set app.kubernetes.io/*"},
+		{name: "a pod label of the StatefulSet controller", mutate: withPods(kvv1.PodPolicy{Labels: map[string]string{"controller-revision-hash": "x"}}),
+			wantErr: "pods.labels may not set"},
+		{name: "a pod annotation of the operator's", mutate: withPods(kvv1.PodPolicy{Annotations: map[string]string{kvv1.AnnotationBackupNow: "x"}}),
+			wantErr: "pods.annotations may not set kvcluster.io/*"},
+		{name: "a spread constraint with its own selector", mutate: withPods(kvv1.PodPolicy{TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone, WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}}),
+			wantErr: "pods.topologySpreadConstraints take no labelSelector"},
+		{name: "a toleration with an unknown effect", mutate: withPods(kvv1.PodPolicy{Tolerations: []corev1.Toleration{{Key: "storage", Effect: "Sometimes"}}}),
+			wantErr: "pods.tolerations: effect must be NoSchedule, PreferNoSchedule or NoExecute"},
+		{name: "ok: placed on storage nodes, spread hard across zones", mutate: withPods(kvv1.PodPolicy{
+			NodeSelector:              map[string]string{"node-role": "storage"},
+			Tolerations:               []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "storage", Effect: corev1.TaintEffectNoSchedule}},
+			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone, WhenUnsatisfiable: corev1.DoNotSchedule}},
+			PriorityClassName:         "system-cluster-critical", Labels: map[string]string{"team": "payments"}, Annotations: map[string]string{"note": "x"},
+			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "registry"}}})},
 		{name: "S3 prefix climbing out", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.Prefix = "team/../other-team" },
 			wantErr: "prefix must not contain '.' or '..' path segments"},
 		{name: "restore key climbing out", mutate: func(k *kvv1.KVCluster) {

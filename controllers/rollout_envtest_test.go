@@ -723,3 +723,34 @@ func memberStatus(kvc *kvv1.KVCluster, name string) kvv1.MemberStatus {
 	}
 	return kvv1.MemberStatus{}
 }
+
+// TestAPodPolicyChangeRollsTheMembers: a change of spec.pods (here: where members run and a
+// label) changes the members' template, and the operator restarts them onto it as it does for an
+// upgrade: one at a time, the followers first, the leader last after handing leadership over.
+func TestAPodPolicyChangeRollsTheMembers(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("podpolicy")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+
+	h.setSpec(kvc, func(k *kvv1.KVCluster) {
+		k.Spec.Pods = kvv1.PodPolicy{NodeSelector: map[string]string{"pool": "etcd"}, Labels: map[string]string{"team": "payments"}}
+	})
+	var sts appsv1.StatefulSet
+	var steps []string
+	for i := 0; i < 12; i++ {
+		steps = append(steps, sim.step()...)
+		h.get(&sts, ns, "kv")
+		if got := h.fresh(kvc); len(steps) > 0 && got.Status.Phase == kvv1.PhaseReady {
+			break
+		}
+	}
+	if sts.Spec.Template.Spec.NodeSelector["pool"] != "etcd" || sts.Spec.Template.Labels["team"] != "payments" {
+		t.Errorf("the members' template: node selector %v, labels %v", sts.Spec.Template.Spec.NodeSelector, sts.Spec.Template.Labels)
+	}
+	want := []string{"restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("steps = %v, want %v", steps, want)
+	}
+	h.assertIdle(kvc, "after the roll")
+}

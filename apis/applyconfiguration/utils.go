@@ -52,6 +52,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apisv1alpha1.MemberStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("NetworkPolicySpec"):
 		return &apisv1alpha1.NetworkPolicySpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PodPolicy"):
+		return &apisv1alpha1.PodPolicyApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PVCDestination"):
 		return &apisv1alpha1.PVCDestinationApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RestoreSpec"):

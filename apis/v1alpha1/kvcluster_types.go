@@ -111,6 +111,13 @@ type KVClusterSpec struct {
 	// +optional
 	Space SpaceSpec `json:"space,omitzero"`
 
+	// Pods says where the members, and the Jobs the operator starts for the cluster (backups,
+	// deregistration), run and what they carry. A change rolls the members one at a time, as a
+	// version change does.
+	//
+	// +optional
+	Pods PodPolicy `json:"pods,omitzero"`
+
 	// Resources are the compute resources of each etcd member's container.
 	//
 	// +optional
@@ -125,6 +132,67 @@ type KVClusterSpec struct {
 	// +kubebuilder:validation:Minimum=30
 	// +kubebuilder:validation:Maximum=86400
 	ProgressDeadlineSeconds int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+// PodPolicy is the part of the member and Job pods a KVCluster sets.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.labels) || self.labels.all(k, !k.startsWith('app.kubernetes.io/') && !k.startsWith('kvcluster.io/') && !(k in ['controller-revision-hash', 'statefulset.kubernetes.io/pod-name', 'apps.kubernetes.io/pod-index', 'batch.kubernetes.io/job-name', 'batch.kubernetes.io/controller-uid', 'job-name', 'controller-uid']))",message="pods.labels may not set app.kubernetes.io/* or kvcluster.io/* labels, nor those of the StatefulSet and Job controllers: the operator, its selectors and those controllers own them"
+// +kubebuilder:validation:XValidation:rule="!has(self.annotations) || self.annotations.all(k, !k.startsWith('kvcluster.io/'))",message="pods.annotations may not set kvcluster.io/* annotations: the operator owns them"
+// +kubebuilder:validation:XValidation:rule="!has(self.topologySpreadConstraints) || self.topologySpreadConstraints.all(c, !has(c.labelSelector))",message="pods.topologySpreadConstraints take no labelSelector: the operator gives each one the cluster's members"
+// +kubebuilder:validation:XValidation:rule="!has(self.tolerations) || self.tolerations.all(t, (!has(t.effect) || t.effect in [”, 'NoSchedule', 'PreferNoSchedule', 'NoExecute']) && (!has(t.operator) || t.operator in [”, 'Equal', 'Exists']) && (!has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == ”))",message="pods.tolerations: effect must be NoSchedule, PreferNoSchedule or NoExecute, operator Equal or Exists, and a toleration with operator Exists takes no value"
+type PodPolicy struct {
+	// NodeSelector: members and Jobs run only on nodes with these labels.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Tolerations of members and Jobs, e.g. to run on tainted nodes set aside for storage.
+	//
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// Affinity of the members. Unset: preferably no two members of the cluster on one node.
+	//
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+
+	// TopologySpreadConstraints of the members, each over the cluster's members (the operator sets
+	// their labelSelector). Unset: spread across zones and across nodes, softly (maxSkew 1,
+	// ScheduleAnyway), so a zone or node going down takes as few members as the nodes allow.
+	//
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+
+	// PriorityClassName of members and Jobs: a high priority keeps members from being preempted.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// Labels added to member and Job pods (not app.kubernetes.io/* nor kvcluster.io/*, which the
+	// operator sets).
+	//
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	Labels map[string]string `json:"labels,omitempty"`
+
+	// Annotations added to member and Job pods (not kvcluster.io/*).
+	//
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+
+	// ImagePullSecrets to pull the etcd image (members) and the operator's image (Jobs) from a
+	// private registry: Secrets in the KVCluster's namespace.
+	//
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 }
 
 // TLSMode is where a cluster's certificates come from.

@@ -216,6 +216,10 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 		container.WithVolumeMounts(tlsMountOf(TLSClient))
 		pod.WithVolumes(tlsVolume(kvc, TLSClient))
 	}
+	tmpl := corev1ac.PodTemplateSpec().
+		WithLabels(JobPodLabels(labels)).
+		WithSpec(pod.WithContainers(container))
+	placePod(kvc, tmpl)
 	return batchv1ac.Job(run.Job, kvc.Namespace).
 		WithLabels(labels).
 		WithAnnotations(run.Annotations).
@@ -223,7 +227,5 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 		WithSpec(batchv1ac.JobSpec().
 			WithBackoffLimit(0).
 			WithActiveDeadlineSeconds(deadline).
-			WithTemplate(corev1ac.PodTemplateSpec().
-				WithLabels(JobPodLabels(labels)).
-				WithSpec(pod.WithContainers(container))))
+			WithTemplate(tmpl))
 }

@@ -43,18 +43,20 @@ func DeregistrationJob(kvc *kvv1.KVCluster, operatorImage string, guard types.UI
 	labels := Labels(kvc)
 	labels[DeletionStepLabel] = "deregister"
 	labels[ClusterUIDLabel] = string(kvc.UID) // whose it is, also once a foreground deletion took the KVCluster off its owners
+	tmpl := corev1ac.PodTemplateSpec().
+		WithLabels(JobPodLabels(labels)).
+		WithSpec(corev1ac.PodSpec().
+			WithRestartPolicy(corev1.RestartPolicyNever).
+			WithAutomountServiceAccountToken(false).
+			WithEnableServiceLinks(false).
+			WithSecurityContext(restrictedPod()).
+			WithContainers(c))
+	placePod(kvc, tmpl)
 	return batchv1ac.Job(DeregistrationJobName(kvc), kvc.Namespace).
 		WithLabels(labels).
 		WithOwnerReferences(Owners(kvc, guard)...).
 		WithSpec(batchv1ac.JobSpec().
 			WithBackoffLimit(0).
 			WithActiveDeadlineSeconds(int64(d.TimeoutSeconds)).
-			WithTemplate(corev1ac.PodTemplateSpec().
-				WithLabels(JobPodLabels(labels)).
-				WithSpec(corev1ac.PodSpec().
-					WithRestartPolicy(corev1.RestartPolicyNever).
-					WithAutomountServiceAccountToken(false).
-					WithEnableServiceLinks(false).
-					WithSecurityContext(restrictedPod()).
-					WithContainers(c))))
+			WithTemplate(tmpl))
 }

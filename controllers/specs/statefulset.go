@@ -111,13 +111,8 @@ func podTemplate(kvc *kvv1.KVCluster, set MemberSet) *corev1ac.PodTemplateSpecAp
 				WithRunAsGroup(nonRootUID).
 				WithFSGroup(nonRootUID).
 				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
-			WithAffinity(corev1ac.Affinity().WithPodAntiAffinity(corev1ac.PodAntiAffinity().
-				WithPreferredDuringSchedulingIgnoredDuringExecution(corev1ac.WeightedPodAffinityTerm().
-					WithWeight(100).
-					WithPodAffinityTerm(corev1ac.PodAffinityTerm().
-						WithTopologyKey(corev1.LabelHostname).
-						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))))))).
 			WithContainers(etcdContainer(kvc, img.EtcdRepository, set.Transport, set.Quota)))
+	placeMembers(kvc, spec)
 	if set.Transport.UsesTLS() {
 		spec.Spec.WithVolumes(tlsVolume(kvc, TLSServer), tlsVolume(kvc, TLSPeer))
 	}

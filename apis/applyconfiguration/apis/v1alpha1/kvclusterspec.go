@@ -62,6 +62,10 @@ type KVClusterSpecApplyConfiguration struct {
 	// Space is how large each member's database may grow and how much history etcd keeps. A
 	// change restarts the members one at a time.
 	Space *SpaceSpecApplyConfiguration `json:"space,omitempty"`
+	// Pods says where the members, and the Jobs the operator starts for the cluster (backups,
+	// deregistration), run and what they carry. A change rolls the members one at a time, as a
+	// version change does.
+	Pods *PodPolicyApplyConfiguration `json:"pods,omitempty"`
 	// Resources are the compute resources of each etcd member's container.
 	Resources *v1.ResourceRequirements `json:"resources,omitempty"`
 	// ProgressDeadlineSeconds is how long creation (or recovery of a lost quorum) may make no
@@ -160,6 +164,14 @@ func (b *KVClusterSpecApplyConfiguration) WithStorage(value *StorageSpecApplyCon
 // If called multiple times, the Space field is set to the value of the last call.
 func (b *KVClusterSpecApplyConfiguration) WithSpace(value *SpaceSpecApplyConfiguration) *KVClusterSpecApplyConfiguration {
 	b.Space = value
+	return b
+}
+
+// WithPods sets the Pods field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Pods field is set to the value of the last call.
+func (b *KVClusterSpecApplyConfiguration) WithPods(value *PodPolicyApplyConfiguration) *KVClusterSpecApplyConfiguration {
+	b.Pods = value
 	return b
 }
 
