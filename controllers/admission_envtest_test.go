@@ -196,7 +196,9 @@ func TestABackupAskedForWithoutDestinationIsRefusedAtAdmission(t *testing.T) {
 	h.create(plain)
 	backedUp := withBackups(newKVCluster(ns, "backedup", 1), "")
 	h.create(backedUp)
-	annotate := func(kvc *kvv1.KVCluster, token string) error { return h.annotateOnly(kvc, kvv1.AnnotationBackupNow, token) }
+	annotate := func(kvc *kvv1.KVCluster, token string) error {
+		return h.annotateOnly(kvc, kvv1.AnnotationBackupNow, token)
+	}
 	// The policy takes effect within seconds of its creation; until then each try is a new value.
 	var err error
 	for i := range 60 {

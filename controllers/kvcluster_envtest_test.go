@@ -616,6 +616,16 @@ func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 			wantErr: "pods.topologySpreadConstraints take no labelSelector"},
 		{name: "a toleration with an unknown effect", mutate: withPods(kvv1.PodPolicy{Tolerations: []corev1.Toleration{{Key: "storage", Effect: "Sometimes"}}}),
 			wantErr: "pods.tolerations: effect must be NoSchedule, PreferNoSchedule or NoExecute"},
+		{name: "a toleration without a key that is no Exists", mutate: withPods(kvv1.PodPolicy{Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpEqual, Value: "x"}}}),
+			wantErr: "a toleration without a key needs operator Exists"},
+		{name: "tolerationSeconds without NoExecute", mutate: withPods(kvv1.PodPolicy{Tolerations: []corev1.Toleration{{Key: "k", Operator: corev1.TolerationOpExists,
+			Effect: corev1.TaintEffectNoSchedule, TolerationSeconds: ptr.To[int64](60)}}}),
+			wantErr: "tolerationSeconds needs effect NoExecute"},
+		{name: "two spread constraints on one key and policy", mutate: withPods(kvv1.PodPolicy{TopologySpreadConstraints: []corev1.TopologySpreadConstraint{
+			{MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule},
+			{MaxSkew: 2, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule}}}),
+			wantErr: "spec.pods.topologySpreadConstraints[1]: Duplicate value"},
+		{name: "ok: tolerate every taint", mutate: withPods(kvv1.PodPolicy{Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}})},
 		{name: "ok: placed on storage nodes, spread hard across zones", mutate: withPods(kvv1.PodPolicy{
 			NodeSelector:              map[string]string{"node-role": "storage"},
 			Tolerations:               []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "storage", Effect: corev1.TaintEffectNoSchedule}},

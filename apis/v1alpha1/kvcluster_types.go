@@ -139,7 +139,7 @@ type KVClusterSpec struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.labels) || self.labels.all(k, !k.startsWith('app.kubernetes.io/') && !k.startsWith('kvcluster.io/') && !(k in ['controller-revision-hash', 'statefulset.kubernetes.io/pod-name', 'apps.kubernetes.io/pod-index', 'batch.kubernetes.io/job-name', 'batch.kubernetes.io/controller-uid', 'job-name', 'controller-uid']))",message="pods.labels may not set app.kubernetes.io/* or kvcluster.io/* labels, nor those of the StatefulSet and Job controllers: the operator, its selectors and those controllers own them"
 // +kubebuilder:validation:XValidation:rule="!has(self.annotations) || self.annotations.all(k, !k.startsWith('kvcluster.io/'))",message="pods.annotations may not set kvcluster.io/* annotations: the operator owns them"
 // +kubebuilder:validation:XValidation:rule="!has(self.topologySpreadConstraints) || self.topologySpreadConstraints.all(c, !has(c.labelSelector))",message="pods.topologySpreadConstraints take no labelSelector: the operator gives each one the cluster's members"
-// +kubebuilder:validation:XValidation:rule="!has(self.tolerations) || self.tolerations.all(t, (!has(t.effect) || t.effect in [”, 'NoSchedule', 'PreferNoSchedule', 'NoExecute']) && (!has(t.operator) || t.operator in [”, 'Equal', 'Exists']) && (!has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == ”))",message="pods.tolerations: effect must be NoSchedule, PreferNoSchedule or NoExecute, operator Equal or Exists, and a toleration with operator Exists takes no value"
+// +kubebuilder:validation:XValidation:rule="!has(self.tolerations) || self.tolerations.all(t, (!has(t.effect) || t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute']) && (!has(t.operator) || t.operator in ['Equal', 'Exists']) && (has(t.key) || has(t.operator) && t.operator == 'Exists') && (!has(t.operator) || t.operator != 'Exists' || !has(t.value)) && (!has(t.tolerationSeconds) || has(t.effect) && t.effect == 'NoExecute'))",message="pods.tolerations: effect must be NoSchedule, PreferNoSchedule or NoExecute, operator Equal or Exists; a toleration without a key needs operator Exists, one with operator Exists takes no value, and tolerationSeconds needs effect NoExecute"
 type PodPolicy struct {
 	// NodeSelector: members and Jobs run only on nodes with these labels.
 	//
@@ -164,7 +164,9 @@ type PodPolicy struct {
 	// ScheduleAnyway), so a zone or node going down takes as few members as the nodes allow.
 	//
 	// +optional
-	// +listType=atomic
+	// +listType=map
+	// +listMapKey=topologyKey
+	// +listMapKey=whenUnsatisfiable
 	// +kubebuilder:validation:MaxItems=8
 	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
 
@@ -911,8 +913,9 @@ const (
 	// AnnotationDefragmentNow: a new value (any token of at most 63 characters, e.g. a date)
 	// defragments every member once now, one at a time, the followers first and the leader last,
 	// whatever spec.space.defragmentation says; status.defragmentRequest follows it. It waits
-	// while the cluster is not Ready, a member does not answer or a backup runs. A value already
-	// answered is never taken again; a new one waits for the one running to finish.
+	// while the cluster is not Ready, a member does not answer or a backup runs. Re-applying the
+	// value status.defragmentRequest answered does nothing; a new value waits for a running
+	// defragmentation to finish, and replaces one still pending.
 	AnnotationDefragmentNow = "kvcluster.io/defragment-now"
 	// FinalizerFinalBackup holds deletion until the final backup finished (or was given up).
 	FinalizerFinalBackup = "kvcluster.io/final-backup"

@@ -80,6 +80,9 @@ func status(ctx context.Context, c client.Client, key client.ObjectKey, o option
 	if r := st.BackupRequest; r != nil {
 		fmt.Fprintf(w, "Backup asked:\t%s=%s: %s: %s\n", kvv1.AnnotationBackupNow, r.Token, r.State, requestLine(r))
 	}
+	if r := st.DefragmentRequest; r != nil {
+		fmt.Fprintf(w, "Defragment:\t%s=%s: %s: %s\n", kvv1.AnnotationDefragmentNow, r.Token, r.State, defragmentLine(r))
+	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
@@ -218,6 +221,18 @@ func requestLine(r *kvv1.BackupRequest) string {
 		return "Job " + r.Job
 	}
 	return strings.ToLower(string(r.State))
+}
+
+// defragmentLine says where an on-demand defragmentation stands, in one line.
+func defragmentLine(r *kvv1.DefragmentRequest) string {
+	done := "none defragmented yet"
+	if len(r.Defragmented) > 0 {
+		done = "defragmented " + strings.Join(r.Defragmented, ", ")
+	}
+	if r.Message != "" {
+		return done + "; " + r.Message
+	}
+	return done
 }
 
 // backupEntry is one backup of `backups`: its kind, state and record.

@@ -134,6 +134,8 @@ func readyStatus(ns string) kvv1.KVClusterStatus {
 		},
 		Conditions: []metav1.Condition{{Type: kvv1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "3/3 members healthy",
 			LastTransitionTime: *at(60)}},
+		DefragmentRequest: &kvv1.DefragmentRequest{Token: "monday", State: kvv1.BackupRequestRunning, StartTime: at(1),
+			Defragmented: []string{"orders-1"}, Message: "waiting for backup orders-29412 to finish"},
 	}
 }
 
@@ -150,7 +152,8 @@ func TestStatusShowsTheClusterOnOneScreen(t *testing.T) {
 	for _, want := range []string{"Phase:        Ready", "3/3 ready", "https://orders-client." + ns + ".svc:2379",
 		"orders-29411 wrote s3://backups/orders-29411.db (5m", "ago): 20480 bytes, revision 42",
 		"orders-0  8e9e05c52164694d  3.7.3    leader", "orders-1  91bc3c398fb3c146  3.7.3    follower  true     -        -       NOSPACE",
-		"learner", "Ready  True    Ready   1h0m", "ago  3/3 members healthy"} {
+		"learner", "Ready  True    Ready   1h0m", "ago  3/3 members healthy",
+		"kvcluster.io/defragment-now=monday: Running: defragmented orders-1; waiting for backup orders-29412 to finish"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}

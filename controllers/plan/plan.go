@@ -160,7 +160,11 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 	p.FreeSpace = planFreeSpace(kvc, obs, v.phase, p.Disarm, quotaOf(st, quota), now)
 	// An open kvcluster.io/defragment-now request decides the defragmentation, not the routine;
 	// under NOSPACE the operator frees space its own way, and the request waits.
-	step, ok, requestEvents := answerDefragmentRequest(kvc, obs, &st, v.phase, now)
+	starting := startingBackup
+	if p.Backups.Start != nil {
+		starting = *p.Backups.Start.Name
+	}
+	step, ok, requestEvents := answerDefragmentRequest(kvc, obs, &st, v.phase, p.FreeSpace.Active, starting, now)
 	if ok && !p.FreeSpace.Active {
 		p.FreeSpace = step
 	}

@@ -359,9 +359,11 @@ func quotaOf(st kvv1.KVClusterStatus, given int64) *resource.Quantity {
 // step, not routine defragmentation). Every member is defragmented once, the followers by name and
 // the leader last, one per reconcile, each recorded as it is done (Observation.Defragmented). It
 // waits, like routine defragmentation, until the cluster is Ready, every member answers, etcd
-// reports no alarm (the operator frees space itself under NOSPACE) and no backup runs. A value is
-// answered once; a new one waits for the running one to finish.
-func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, phase kvv1.Phase, now time.Time) (step FreeSpace, ok bool, events []Event) {
+// reports no alarm (freeing: the operator frees space itself under NOSPACE) and no backup runs or
+// starts in this reconcile (startingBackup). The value status answered is not taken again; a new
+// one waits for a running defragmentation to finish, and replaces one still pending. A status the
+// cache does not hold yet can make a member's defragmentation repeat: harmless, it frees nothing.
+func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus, phase kvv1.Phase, freeing bool, startingBackup string, now time.Time) (step FreeSpace, ok bool, events []Event) {
 	prev := st.DefragmentRequest
 	token := kvc.Annotations[kvv1.AnnotationDefragmentNow]
 	answered := func(r *kvv1.DefragmentRequest) bool {
@@ -371,7 +373,7 @@ func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCl
 	switch {
 	case withdrawn && (prev == nil || answered(prev)):
 		return FreeSpace{}, false, nil
-	case withdrawn, prev != nil && prev.Token != token && !answered(prev): // never two at once
+	case withdrawn, prev != nil && prev.Token != token && prev.State == kvv1.BackupRequestRunning: // never two at once
 		token = prev.Token
 	}
 	req := &kvv1.DefragmentRequest{Token: token, State: kvv1.BackupRequestPending}
@@ -383,7 +385,7 @@ func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCl
 	}
 	// While a request is open every defragmentation outside NOSPACE is its own (routine ones wait);
 	// status may not say Running yet when the first one was just taken.
-	if obs.Defragmented != "" && !slices.Contains(req.Defragmented, obs.Defragmented) {
+	if obs.Defragmented != "" && !freeing && !slices.Contains(req.Defragmented, obs.Defragmented) {
 		req.Defragmented = append(req.Defragmented, obs.Defragmented)
 	}
 	st.DefragmentRequest = req
@@ -392,7 +394,10 @@ func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCl
 		return FreeSpace{}, true, []Event{{Type: corev1.EventTypeWarning, Reason: EventDefragmentationFailed, Action: "Defragment",
 			Message: fmt.Sprintf("the defragmentation asked for with %s=%s: %s", kvv1.AnnotationDefragmentNow, token, message)}}
 	}
-	busy := slices.IndexFunc(obs.Jobs, func(j Job) bool { return !j.Done })
+	busy := startingBackup
+	if i := slices.IndexFunc(obs.Jobs, func(j Job) bool { return !j.Done }); i >= 0 {
+		busy = obs.Jobs[i].Job.Name
+	}
 	switch {
 	case len(token) > kvv1.MaxBackupNowToken:
 		return fail(fmt.Sprintf("the value has %d characters, more than %d: set a shorter one, e.g. the date", len(token), kvv1.MaxBackupNowToken))
@@ -402,10 +407,10 @@ func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCl
 		req.Message = fmt.Sprintf("waiting while the cluster is %s", phase)
 	case !obs.membersHealthy(kvc):
 		req.Message = "waiting until every member answers"
-	case len(obs.Cluster.Alarms) > 0:
+	case freeing || len(obs.Cluster.Alarms) > 0:
 		req.Message = "waiting while etcd reports an alarm (under NOSPACE the operator frees space itself)"
-	case busy >= 0:
-		req.Message = fmt.Sprintf("waiting for backup %s to finish (its snapshot would stall behind a defragmentation)", obs.Jobs[busy].Job.Name)
+	case busy != "":
+		req.Message = fmt.Sprintf("waiting for backup %s to finish (its snapshot would stall behind a defragmentation)", busy)
 	default:
 		req.Message = ""
 		if req.State == kvv1.BackupRequestPending {

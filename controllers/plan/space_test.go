@@ -541,7 +541,7 @@ func TestDefragmentRequest(t *testing.T) {
 			wantState: kvv1.BackupRequestFailed, wantToken: "t1", wantEvent: EventDefragmentationFailed, wantInText: "removed"},
 		{name: "a token too long: failed, announced", s: asked(strings.Repeat("x", 64), nil)(sized(10, 10, 10)),
 			wantState: kvv1.BackupRequestFailed, wantToken: strings.Repeat("x", 64), wantEvent: EventDefragmentationFailed, wantInText: "64 characters"},
-		{name: "during a rollout: waits, and so does routine defragmentation", s: asked("t1", nil)(sized(60, 60, 60).upgradeTo("3.7.4")),
+		{name: "during a rollout: waits", s: asked("t1", nil)(sized(60, 60, 60).upgradeTo("3.7.4")),
 			wantState: kvv1.BackupRequestPending, wantToken: "t1", wantInText: "Upgrading"},
 		{name: "a member does not answer: waits", s: asked("t1", running("t1", "kv-1"))(func() *scenario {
 			s := sized(10, 10, 10)
@@ -566,6 +566,18 @@ func TestDefragmentRequest(t *testing.T) {
 		}()), wantState: kvv1.BackupRequestFailed, wantToken: "t1", wantDone: []string{"kv-1", "kv-0"}, wantEvent: EventDefragmentationFailed, wantInText: "not kv-2"},
 		{name: "under NOSPACE: the operator frees space its way, the request waits", s: asked("t1", nil)(noSpace(100, 100, 100).withSpaceCondition(metav1.ConditionTrue, ReasonNoSpace)),
 			wantState: kvv1.BackupRequestPending, wantToken: "t1", wantInText: "alarm"},
+		{name: "a member just defragmented under NOSPACE is not the request's", s: just("kv-1")(asked("t1", nil)(noSpace(100, 100, 100).compacted().withSpaceCondition(metav1.ConditionTrue, ReasonNoSpace))),
+			wantState: kvv1.BackupRequestPending, wantToken: "t1", wantInText: "alarm"},
+		{name: "a new token replaces one still pending", s: asked("t2", &kvv1.DefragmentRequest{Token: "t1", State: kvv1.BackupRequestPending, Message: "waiting"})(sized(10, 10, 10)),
+			want: "kv-1", wantState: kvv1.BackupRequestRunning, wantToken: "t2", wantEvent: EventDefragmentationStarted},
+		{name: "an open request holds routine defragmentation back: its own next member, not routine's", s: asked("t1", running("t1", "kv-1"))(sized(60, 60, 60)),
+			want: "kv-2", wantState: kvv1.BackupRequestRunning, wantToken: "t1", wantDone: []string{"kv-1"}},
+		{name: "a scheduled backup starting in this reconcile: waits", s: asked("t1", nil)(func() *scenario {
+			s := sized(10, 10, 10)
+			s.kvc.Spec.BackupSchedule = "0 12 * * *" // due at t0
+			s.kvc.Spec.Backup = &kvv1.BackupSpec{JobHistoryLimit: 2, S3: &kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", CredentialsSecret: "s"}}
+			return s
+		}()), wantState: kvv1.BackupRequestPending, wantToken: "t1", wantInText: "waiting for backup kv-"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

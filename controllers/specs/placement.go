@@ -47,11 +47,14 @@ func placeMembers(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfig
 
 // placePod puts what spec.pods says of every pod, a member's or a Job's, on a pod template: node
 // selector, tolerations, priority, image pull secrets, extra labels and annotations. The
-// template's own labels are set already and win. Affinity and spread are the members' alone.
+// template's own labels are set already and win, and no extra label may take a key of the
+// operator's (admission refuses them too). Affinity and spread are the members' alone.
 func placePod(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfiguration) {
 	policy := kvc.Spec.Pods
+	operators := Labels(kvc) // a Job's pod lacks the instance label on purpose: it must stay off
 	for k, v := range policy.Labels {
-		if _, own := tmpl.Labels[k]; !own {
+		_, own := tmpl.Labels[k]
+		if _, reserved := operators[k]; !own && !reserved {
 			tmpl.WithLabels(map[string]string{k: v})
 		}
 	}

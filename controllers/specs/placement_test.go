@@ -99,8 +99,8 @@ func TestPodPolicy(t *testing.T) {
 			}
 		},
 		wantJob: func(t *testing.T, pod corev1.PodTemplateSpec) {
-			if pod.Labels[ClusterLabel] != "kv" {
-				t.Errorf("Job pod labels %v", pod.Labels)
+			if _, member := pod.Labels[instanceLbl]; member || pod.Labels[ClusterLabel] != "kv" {
+				t.Errorf("Job pod labels %v: the members' selector would take it for one", pod.Labels)
 			}
 		},
 	}}

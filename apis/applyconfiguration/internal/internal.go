@@ -547,7 +547,10 @@ var schemaYAML = typed.YAMLObject(`types:
         list:
           elementType:
             namedType: io.k8s.api.core.v1.TopologySpreadConstraint
-          elementRelationship: atomic
+          elementRelationship: associative
+          keys:
+          - topologyKey
+          - whenUnsatisfiable
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.RestoreSpec
   map:
     fields:
