@@ -187,7 +187,13 @@ func TestSampleClusterLifecycle(t *testing.T) {
 func get(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster) *kvv1.KVCluster {
 	t.Helper()
 	out := &kvv1.KVCluster{}
-	if err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, out); err != nil {
+	err := cfg.Client().Resources().Get(ctx, kvc.Name, kvc.Namespace, out)
+	if err != nil && ctx.Err() != nil {
+		// A wait's deadline passed during the read: read once more, so that the wait ends and
+		// says what it waited for instead of this error.
+		err = cfg.Client().Resources().Get(context.Background(), kvc.Name, kvc.Namespace, out)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	return out
