@@ -35,6 +35,7 @@ func TestGitOpsExamples(t *testing.T) {
 	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Dir(crds), "crd"}, ErrorIfCRDPathMissing: true}
 	cfg, err := env.Start()
 	if err != nil {
+		_ = env.Stop() // Start leaves what it started running when installing the CRDs fails
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })

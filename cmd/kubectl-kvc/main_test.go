@@ -45,6 +45,7 @@ func TestMain(m *testing.M) {
 	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "deploy", "crd")}, ErrorIfCRDPathMissing: true}
 	code, err := func() (int, error) {
 		if _, err := env.Start(); err != nil {
+			_ = env.Stop() // Start leaves what it started running when installing the CRDs fails
 			return 1, err
 		}
 		defer func() { _ = env.Stop() }()
