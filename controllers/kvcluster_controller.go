@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -147,8 +148,10 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
 // its spec (generation) or annotations change — not on our own status writes; owned objects
-// trigger one on any change, so drift is put back and member readiness is noticed. A deletion
-// guard (owned by no one) triggers one for its cluster, so a guard left behind is removed.
+// trigger one on any change, so drift is put back. A member pod triggers one when what the
+// operator reads from it changes (memberPodChanged), so a member turning Ready is noticed at once,
+// not when the StatefulSet controller next writes its status. A deletion guard (owned by no one)
+// triggers one for its cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
@@ -158,6 +161,12 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
 		})).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			if pod, ok := o.(*corev1.Pod); !ok || !isMemberPod(pod) || pod.Labels[specs.ClusterLabel] == "" {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
+		}), builder.WithPredicates(memberPodChanged)).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
@@ -168,4 +177,15 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Named("kvcluster").
 		Complete(r)
+}
+
+// memberPodChanged lets through a pod's creation and deletion, and an update that changes what
+// the operator reads from it (readiness, the etcd container running or restarting, deletion, the
+// revision): a pod's other status updates while it starts would each be a reconcile for nothing.
+var memberPodChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		old, oldOK := e.ObjectOld.(*corev1.Pod)
+		updated, newOK := e.ObjectNew.(*corev1.Pod)
+		return !oldOK || !newOK || memberPodStateOf(old) != memberPodStateOf(updated)
+	},
 }

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -72,9 +73,11 @@ func (h *harness) fresh(kvc *kvv1.KVCluster) *kvv1.KVCluster {
 	return out
 }
 
-// setMembersReady plays the kubelet and StatefulSet controller, which envtest does not run.
+// setMembersReady plays the kubelet and StatefulSet controller, which envtest does not run: the
+// cluster's member pods exist, the first ready of them Ready, and the StatefulSet's status says so.
 func (h *harness) setMembersReady(kvc *kvv1.KVCluster, ready int32) {
 	h.t.Helper()
+	h.setMemberPodsReady(kvc, ready)
 	var sts appsv1.StatefulSet
 	h.get(&sts, kvc.Namespace, kvc.Name)
 	sts.Status.Replicas = kvc.Spec.Partitions
@@ -85,6 +88,46 @@ func (h *harness) setMembersReady(kvc *kvv1.KVCluster, ready int32) {
 	if err := h.client.Status().Update(context.Background(), &sts, client.FieldOwner("test-statefulset-controller")); err != nil {
 		h.t.Fatalf("update StatefulSet status: %v", err)
 	}
+}
+
+// setMemberPodsReady plays the kubelet alone: the cluster's member pods exist, made from the
+// StatefulSet's current template, running etcd, the first ready of them Ready.
+func (h *harness) setMemberPodsReady(kvc *kvv1.KVCluster, ready int32) {
+	h.t.Helper()
+	var sts appsv1.StatefulSet
+	h.get(&sts, kvc.Namespace, kvc.Name)
+	for ord := range int(kvc.Spec.Partitions) {
+		h.putMemberPod(kvc, &sts, ord, int32(ord) < ready)
+	}
+}
+
+// putMemberPod creates member pod ord of the StatefulSet's current revision if it does not
+// exist, and sets whether it is Ready (else its etcd runs but fails the readiness check). It
+// returns the pod's UID.
+func (h *harness) putMemberPod(kvc *kvv1.KVCluster, sts *appsv1.StatefulSet, ord int, ready bool) types.UID {
+	h.t.Helper()
+	ctx := context.Background()
+	labels := specs.Labels(kvc)
+	labels[appsv1.StatefulSetRevisionLabel] = testRevision(sts)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: specs.MemberName(kvc, ord), Labels: labels,
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(sts, appsv1.SchemeGroupVersion.WithKind("StatefulSet"))}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "etcd", Image: "etcd"}}}}
+	if err := h.client.Create(ctx, pod); apierrors.IsAlreadyExists(err) {
+		h.get(pod, pod.Namespace, pod.Name)
+	} else if err != nil {
+		h.t.Fatalf("create pod %s: %v", pod.Name, err)
+	}
+	condition := corev1.ConditionFalse
+	if ready {
+		condition = corev1.ConditionTrue
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: condition}}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", Ready: ready,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
+	if err := h.client.Status().Update(ctx, pod); err != nil {
+		h.t.Fatalf("set the status of pod %s: %v", pod.Name, err)
+	}
+	return pod.UID
 }
 
 // testRevision names a StatefulSet revision after its pod template, as the StatefulSet controller does.

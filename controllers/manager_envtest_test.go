@@ -274,3 +274,32 @@ func TestTheManagerWatchesWhatTheClusterOwns(t *testing.T) {
 		t.Errorf("someone else's Service was written: %v %+v", err, theirs.ObjectMeta)
 	}
 }
+
+// TestMemberReadinessIsReadFromThePods: the operator reads member readiness from the pods and
+// watches them, so a cluster turns Ready when its pods do, not when the StatefulSet controller
+// next writes its status (seconds later when it syncs many StatefulSets); and a Ready cluster,
+// looked at once a minute, reports a member that stops being Ready at once.
+func TestMemberReadinessIsReadFromThePods(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("pods")
+	kvc := newKVCluster(ns, "kv", 3)
+	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
+	startManager(t, h.members)
+
+	h.create(kvc)
+	eventually(t, "the KVCluster's creation started no reconcile", func() bool {
+		return h.client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &appsv1.StatefulSet{}) == nil
+	})
+	h.setMembersReady(kvc, 0)    // the StatefulSet controller made the pods and wrote its status once
+	h.setMemberPodsReady(kvc, 3) // then the pods turned Ready; the StatefulSet's status still says 0
+	eventually(t, "the cluster did not turn Ready with its pods", func() bool {
+		st := h.fresh(kvc).Status
+		return st.Phase == kvv1.PhaseReady && st.ReadyPartitions == 3
+	})
+
+	h.setMemberPodsReady(kvc, 2)
+	eventually(t, "a member pod that stopped being Ready was not noticed", func() bool {
+		st := h.fresh(kvc).Status
+		return st.ReadyPartitions == 2 && !meta.IsStatusConditionTrue(st.Conditions, kvv1.ConditionReady)
+	})
+}

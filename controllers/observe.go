@@ -42,7 +42,6 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 			obs.STSClaimsUnlabelled = template.Labels[specs.ClusterUIDLabel] == ""
 			obs.STSClaimSize = template.Spec.Resources.Requests[corev1.ResourceStorage]
 		}
-		obs.ReadyMembers = sts.Status.ReadyReplicas
 		obs.STSReplicas = sts.Spec.Replicas
 		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
 		obs.STSTrust = sts.Spec.Template.Annotations[specs.TrustAnnotation]
@@ -197,33 +196,59 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		ord, ok := specs.OrdinalOfMember(kvc, pod.Name)
-		if !ok || pod.Labels[appsv1.StatefulSetRevisionLabel] == "" {
+		if !ok || !isMemberPod(pod) {
 			continue // not a member pod (a backup Job's, say)
 		}
+		state := memberPodStateOf(pod)
 		info := plan.Pod{
 			UID:         pod.UID,
-			Terminating: pod.DeletionTimestamp != nil,
-			Outdated:    obs.STSSettled && pod.Labels[appsv1.StatefulSetRevisionLabel] != sts.Status.UpdateRevision,
+			Ready:       state.ready,
+			Terminating: state.terminating,
+			Running:     state.running,
+			Restarts:    state.restarts,
+			Outdated:    obs.STSSettled && state.revision != sts.Status.UpdateRevision,
 			Created:     pod.CreationTimestamp.Time,
 			VolumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)],
 		}
 		if t, ok := specs.PodTransport(pod.Spec); ok {
 			info.Transport = &t
 		}
-		for _, c := range pod.Status.Conditions {
-			if c.Type == corev1.PodReady {
-				info.Ready = c.Status == corev1.ConditionTrue
-			}
-		}
-		for _, cs := range pod.Status.ContainerStatuses {
-			if cs.Name == "etcd" {
-				info.Restarts = cs.RestartCount
-				info.Running = cs.State.Running != nil
-			}
-		}
 		obs.Pods[ord] = info
+		if info.Ready && !info.Terminating {
+			obs.ReadyMembers++
+		}
 	}
 	return nil
+}
+
+// isMemberPod: the pod was made by the cluster's StatefulSet (it carries a revision), so it runs
+// a member, not a Job.
+func isMemberPod(pod *corev1.Pod) bool {
+	return pod.Labels[appsv1.StatefulSetRevisionLabel] != ""
+}
+
+// memberPodState is what the operator reads from a member pod; the pod watch triggers a
+// reconcile when it changes (memberPodChanged).
+type memberPodState struct {
+	ready, running, terminating bool
+	restarts                    int32  // of the etcd container
+	revision                    string // the StatefulSet revision it was made from
+}
+
+func memberPodStateOf(pod *corev1.Pod) memberPodState {
+	s := memberPodState{terminating: pod.DeletionTimestamp != nil, revision: pod.Labels[appsv1.StatefulSetRevisionLabel]}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			s.ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == "etcd" {
+			s.restarts = cs.RestartCount
+			s.running = cs.State.Running != nil
+		}
+	}
+	return s
 }
 
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get

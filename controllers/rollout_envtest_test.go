@@ -107,20 +107,7 @@ func (s *memberSim) sync() {
 		case !apierrors.IsAlreadyExists(err):
 			h.t.Fatalf("create claim: %v", err)
 		}
-		labels := specs.Labels(s.kvc)
-		labels[appsv1.StatefulSetRevisionLabel] = rev
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: name, Labels: labels},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "etcd", Image: "etcd"}}}}
-		if err := h.client.Create(ctx, pod); err != nil {
-			h.t.Fatalf("create pod %s: %v", name, err)
-		}
-		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", Ready: true,
-			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
-		if err := h.client.Status().Update(ctx, pod); err != nil {
-			h.t.Fatal(err)
-		}
-		s.uids[name] = pod.UID
+		s.uids[name] = h.putMemberPod(s.kvc, &sts, ord, true)
 		h.members.update(func(c *members.Cluster) {
 			for i := range c.Members {
 				if c.Members[i].Name == name {

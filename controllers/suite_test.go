@@ -477,7 +477,7 @@ func requestFor(kvc *kvv1.KVCluster) ctrl.Request {
 }
 
 // collectGarbage plays the garbage collector, which envtest lacks: it deletes the objects of a
-// namespace whose controlling owner (a KVCluster or a Job) is gone. Claims have none: they stay.
+// namespace whose controlling owner (a KVCluster, a StatefulSet or a Job) is gone. Claims have none: they stay.
 func (h *harness) collectGarbage(ns string) {
 	h.t.Helper()
 	ctx := context.Background()
@@ -498,8 +498,11 @@ func (h *harness) collectGarbage(ns string) {
 				continue
 			}
 			var owner client.Object = &kvv1.KVCluster{}
-			if ref.Kind == "Job" {
+			switch ref.Kind {
+			case "Job":
 				owner = &batchv1.Job{}
+			case "StatefulSet":
+				owner = &appsv1.StatefulSet{}
 			}
 			err := h.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, owner)
 			if client.IgnoreNotFound(err) != nil {

@@ -1,0 +1,52 @@
+package controllers
+
+import (
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+)
+
+// TestMemberPodChanged: of a member pod's updates, only those that change what the operator reads
+// from it start a reconcile.
+func TestMemberPodChanged(t *testing.T) {
+	running := func() *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "kv-0", Labels: map[string]string{appsv1.StatefulSetRevisionLabel: "kv-1"}},
+			Status: corev1.PodStatus{
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+				ContainerStatuses: []corev1.ContainerStatus{{Name: "etcd",
+					State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}},
+			},
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(p *corev1.Pod)
+		want   bool
+	}{
+		{"nothing", func(*corev1.Pod) {}, false},
+		{"an address assigned", func(p *corev1.Pod) { p.Status.PodIP = "10.0.0.7" }, false},
+		{"another condition", func(p *corev1.Pod) {
+			p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue})
+		}, false},
+		{"an annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{"note": "x"} }, false},
+		{"not Ready", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }, true},
+		{"etcd restarted", func(p *corev1.Pod) { p.Status.ContainerStatuses[0].RestartCount++ }, true},
+		{"etcd stopped", func(p *corev1.Pod) {
+			p.Status.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}
+		}, true},
+		{"being deleted", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{} }, true},
+		{"another revision", func(p *corev1.Pod) { p.Labels[appsv1.StatefulSetRevisionLabel] = "kv-2" }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			updated := running()
+			tc.change(updated)
+			if got := memberPodChanged.Update(event.UpdateEvent{ObjectOld: running(), ObjectNew: updated}); got != tc.want {
+				t.Errorf("reconcile = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
