@@ -3,12 +3,14 @@ package controllers
 
 import (
 	"context"
+	"maps"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
@@ -148,10 +150,11 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
 // its spec (generation) or annotations change — not on our own status writes; owned objects
-// trigger one on any change, so drift is put back. A member pod triggers one when what the
-// operator reads from it changes (memberPodChanged), so a member turning Ready is noticed at once,
-// not when the StatefulSet controller next writes its status. A deletion guard (owned by no one)
-// triggers one for its cluster, so a guard left behind is removed.
+// trigger one on any change, so drift is put back, except the StatefulSet's counts of pods
+// (statefulSetChanged). A member pod triggers one when what the operator reads from it changes
+// (memberPodChanged), so a member turning Ready is noticed at once, not when the StatefulSet
+// controller next writes its status. A deletion guard (owned by no one) triggers one for its
+// cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
@@ -167,7 +170,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
 		}), builder.WithPredicates(memberPodChanged)).
-		Owns(&appsv1.StatefulSet{}).
+		Owns(&appsv1.StatefulSet{}, builder.WithPredicates(statefulSetChanged)).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&networkingv1.NetworkPolicy{}).
@@ -187,5 +190,24 @@ var memberPodChanged = predicate.Funcs{
 		old, oldOK := e.ObjectOld.(*corev1.Pod)
 		updated, newOK := e.ObjectNew.(*corev1.Pod)
 		return !oldOK || !newOK || memberPodStateOf(old) != memberPodStateOf(updated)
+	},
+}
+
+// statefulSetChanged lets through a StatefulSet's creation and deletion, and an update that
+// changes what the operator owns or reads: its spec (generation), labels, annotations or owners
+// (drift to put back), or the revision its controller has seen (observedGeneration,
+// updateRevision). Not the controller's counts of created and ready pods, which change with each
+// member pod: the pod watch has seen that change first.
+var statefulSetChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		old, oldOK := e.ObjectOld.(*appsv1.StatefulSet)
+		updated, newOK := e.ObjectNew.(*appsv1.StatefulSet)
+		if !oldOK || !newOK {
+			return true
+		}
+		return old.Generation != updated.Generation || !maps.Equal(old.Labels, updated.Labels) ||
+			!maps.Equal(old.Annotations, updated.Annotations) || !equality.Semantic.DeepEqual(old.OwnerReferences, updated.OwnerReferences) ||
+			!old.DeletionTimestamp.Equal(updated.DeletionTimestamp) ||
+			old.Status.ObservedGeneration != updated.Status.ObservedGeneration || old.Status.UpdateRevision != updated.Status.UpdateRevision
 	},
 }

@@ -50,3 +50,40 @@ func TestMemberPodChanged(t *testing.T) {
 		})
 	}
 }
+
+// TestStatefulSetChanged: a StatefulSet's updates start a reconcile when they change what the
+// operator owns or reads, not when its controller counts pods.
+func TestStatefulSetChanged(t *testing.T) {
+	settled := func() *appsv1.StatefulSet {
+		return &appsv1.StatefulSet{
+			ObjectMeta: metav1.ObjectMeta{Name: "kv", Generation: 2, Labels: map[string]string{"app": "kv"}},
+			Status:     appsv1.StatefulSetStatus{ObservedGeneration: 2, UpdateRevision: "kv-1", Replicas: 3, ReadyReplicas: 3},
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(s *appsv1.StatefulSet)
+		want   bool
+	}{
+		{"nothing", func(*appsv1.StatefulSet) {}, false},
+		{"a pod less ready", func(s *appsv1.StatefulSet) { s.Status.ReadyReplicas, s.Status.AvailableReplicas = 2, 2 }, false},
+		{"a pod more", func(s *appsv1.StatefulSet) { s.Status.Replicas = 4 }, false},
+		{"its spec edited", func(s *appsv1.StatefulSet) { s.Generation++ }, true},
+		{"a label edited", func(s *appsv1.StatefulSet) { s.Labels["app"] = "other" }, true},
+		{"an annotation added", func(s *appsv1.StatefulSet) { s.Annotations = map[string]string{"note": "x"} }, true},
+		{"its owner removed", func(s *appsv1.StatefulSet) {
+			s.OwnerReferences = []metav1.OwnerReference{{Name: "someone"}}
+		}, true},
+		{"being deleted", func(s *appsv1.StatefulSet) { s.DeletionTimestamp = &metav1.Time{} }, true},
+		{"the new spec seen", func(s *appsv1.StatefulSet) { s.Status.ObservedGeneration = 3 }, true},
+		{"a new revision", func(s *appsv1.StatefulSet) { s.Status.UpdateRevision = "kv-2" }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			updated := settled()
+			tc.change(updated)
+			if got := statefulSetChanged.Update(event.UpdateEvent{ObjectOld: settled(), ObjectNew: updated}); got != tc.want {
+				t.Errorf("reconcile = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
