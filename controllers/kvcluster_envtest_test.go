@@ -90,8 +90,8 @@ func (h *harness) setMembersReady(kvc *kvv1.KVCluster, ready int32) {
 	}
 }
 
-// setMemberPodsReady plays the kubelet alone: the cluster's member pods exist, made from the
-// StatefulSet's current template, running etcd, the first ready of them Ready.
+// setMemberPodsReady plays the kubelet alone: the cluster's member pods exist, labelled with the
+// StatefulSet's current revision, running etcd, the first ready of them Ready.
 func (h *harness) setMemberPodsReady(kvc *kvv1.KVCluster, ready int32) {
 	h.t.Helper()
 	var sts appsv1.StatefulSet
@@ -114,6 +114,9 @@ func (h *harness) putMemberPod(kvc *kvv1.KVCluster, sts *appsv1.StatefulSet, ord
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "etcd", Image: "etcd"}}}}
 	if err := h.client.Create(ctx, pod); apierrors.IsAlreadyExists(err) {
 		h.get(pod, pod.Namespace, pod.Name)
+		if pod.DeletionTimestamp != nil || !metav1.IsControlledBy(pod, sts) {
+			h.t.Fatalf("pod %s exists, but is being deleted or is not the StatefulSet's", pod.Name)
+		}
 	} else if err != nil {
 		h.t.Fatalf("create pod %s: %v", pod.Name, err)
 	}
@@ -121,6 +124,7 @@ func (h *harness) putMemberPod(kvc *kvv1.KVCluster, sts *appsv1.StatefulSet, ord
 	if ready {
 		condition = corev1.ConditionTrue
 	}
+	pod.Status.Phase = corev1.PodRunning
 	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: condition}}
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", Ready: ready,
 		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}

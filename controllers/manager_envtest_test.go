@@ -127,7 +127,7 @@ func TestOneHangingClusterDoesNotHoldUpTheOthers(t *testing.T) {
 
 	frozen := newKVCluster(ns, "frozen", 1)
 	h.create(frozen)
-	// Once its StatefulSet reports a member, the operator asks etcd about the cluster.
+	// Once it has a member pod, the operator asks etcd about the cluster.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if err := h.client.Get(context.Background(), client.ObjectKeyFromObject(frozen), &appsv1.StatefulSet{}); err == nil {
 			break
@@ -275,10 +275,10 @@ func TestTheManagerWatchesWhatTheClusterOwns(t *testing.T) {
 	}
 }
 
-// TestMemberReadinessIsReadFromThePods: the operator reads member readiness from the pods and
-// watches them, so a cluster turns Ready when its pods do, not when the StatefulSet controller
-// next writes its status (seconds later when it syncs many StatefulSets); and a Ready cluster,
-// looked at once a minute, reports a member that stops being Ready at once.
+// TestMemberReadinessIsReadFromThePods: the operator reads member readiness from the pods, so a
+// cluster turns Ready while the StatefulSet's status still counts no ready pod (its controller
+// writes it seconds late when it syncs many StatefulSets); and it watches them, so a Ready
+// cluster, looked at once a minute, reports a member that stops being Ready at once.
 func TestMemberReadinessIsReadFromThePods(t *testing.T) {
 	h := newHarness(t)
 	ns := h.namespace("pods")
@@ -297,6 +297,7 @@ func TestMemberReadinessIsReadFromThePods(t *testing.T) {
 		return st.Phase == kvv1.PhaseReady && st.ReadyPartitions == 3
 	})
 
+	time.Sleep(time.Second) // the reconciles after its own status write are over
 	h.setMemberPodsReady(kvc, 2)
 	eventually(t, "a member pod that stopped being Ready was not noticed", func() bool {
 		st := h.fresh(kvc).Status

@@ -214,8 +214,8 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 			info.Transport = &t
 		}
 		obs.Pods[ord] = info
-		if info.Ready && !info.Terminating {
-			obs.ReadyMembers++
+		if info.Ready && !info.Terminating && ord < int(kvc.Spec.Partitions) {
+			obs.ReadyMembers++ // a pod scaled away does not stand in for a member that is down
 		}
 	}
 	return nil
@@ -239,7 +239,7 @@ func memberPodStateOf(pod *corev1.Pod) memberPodState {
 	s := memberPodState{terminating: pod.DeletionTimestamp != nil, revision: pod.Labels[appsv1.StatefulSetRevisionLabel]}
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady {
-			s.ready = c.Status == corev1.ConditionTrue
+			s.ready = c.Status == corev1.ConditionTrue && pod.Status.Phase == corev1.PodRunning
 		}
 	}
 	for _, cs := range pod.Status.ContainerStatuses {

@@ -986,7 +986,7 @@ type KVClusterStatus struct {
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
 
-	// ReadyPartitions is the number of members whose pod is ready.
+	// ReadyPartitions is the number of members whose pod runs, is ready and is not being deleted.
 	// +optional
 	ReadyPartitions int32 `json:"readyPartitions,omitempty"`
 

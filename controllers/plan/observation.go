@@ -22,9 +22,10 @@ import (
 // API server refuses (ApplyRejected, ForeignChildren), or a step freeing space (Compacted,
 // Defragmented, Disarmed), after which the cluster is planned again.
 type Observation struct {
-	// ReadyMembers is the count of member pods that are Ready and not being deleted, read from the
-	// pods themselves: the StatefulSet's readyReplicas says the same later, when the StatefulSet
-	// controller gets to it (seconds later when it has many StatefulSets to sync).
+	// ReadyMembers is the count of member pods within spec.partitions that run, are Ready and are
+	// not being deleted, read from the pods themselves: the StatefulSet's readyReplicas (which
+	// also counts pods being deleted or scaled away) comes later, when the StatefulSet controller
+	// gets to it (seconds later when it has many StatefulSets to sync).
 	ReadyMembers int32
 	// Cluster is etcd's own view; nil when etcd could not be asked or did not answer with a quorum.
 	Cluster *members.Cluster

@@ -16,6 +16,7 @@ func TestMemberPodChanged(t *testing.T) {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "kv-0", Labels: map[string]string{appsv1.StatefulSetRevisionLabel: "kv-1"}},
 			Status: corev1.PodStatus{
+				Phase:      corev1.PodRunning,
 				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "etcd",
 					State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}},
@@ -34,6 +35,7 @@ func TestMemberPodChanged(t *testing.T) {
 		}, false},
 		{"an annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{"note": "x"} }, false},
 		{"not Ready", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }, true},
+		{"no longer running", func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }, true},
 		{"etcd restarted", func(p *corev1.Pod) { p.Status.ContainerStatuses[0].RestartCount++ }, true},
 		{"etcd stopped", func(p *corev1.Pod) {
 			p.Status.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}
@@ -71,7 +73,7 @@ func TestStatefulSetChanged(t *testing.T) {
 		{"its spec edited", func(s *appsv1.StatefulSet) { s.Generation++ }, true},
 		{"a label edited", func(s *appsv1.StatefulSet) { s.Labels["app"] = "other" }, true},
 		{"an annotation added", func(s *appsv1.StatefulSet) { s.Annotations = map[string]string{"note": "x"} }, true},
-		{"its owner removed", func(s *appsv1.StatefulSet) {
+		{"an owner added", func(s *appsv1.StatefulSet) {
 			s.OwnerReferences = []metav1.OwnerReference{{Name: "someone"}}
 		}, true},
 		{"being deleted", func(s *appsv1.StatefulSet) { s.DeletionTimestamp = &metav1.Time{} }, true},
