@@ -164,12 +164,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
 		})).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			if pod, ok := o.(*corev1.Pod); !ok || !isMemberPod(pod) || pod.Labels[specs.ClusterLabel] == "" {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
-		}), builder.WithPredicates(memberPodChanged)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(memberPodCluster), builder.WithPredicates(memberPodChanged)).
 		Owns(&appsv1.StatefulSet{}, builder.WithPredicates(statefulSetChanged)).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
@@ -180,6 +175,14 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Named("kvcluster").
 		Complete(r)
+}
+
+// memberPodCluster is the cluster a member pod belongs to; none for a Job's pod.
+func memberPodCluster(_ context.Context, o client.Object) []reconcile.Request {
+	if pod, ok := o.(*corev1.Pod); !ok || !isMemberPod(pod) || pod.Labels[specs.ClusterLabel] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
 }
 
 // memberPodChanged lets through a pod's creation and deletion, and an update that changes what

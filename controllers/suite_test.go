@@ -480,6 +480,13 @@ func requestFor(kvc *kvv1.KVCluster) ctrl.Request {
 // namespace whose controlling owner (a KVCluster, a StatefulSet or a Job) is gone. Claims have none: they stay.
 func (h *harness) collectGarbage(ns string) {
 	h.t.Helper()
+	for h.collectGarbageOnce(ns) { // what a deleted object owned (a StatefulSet's pods) goes next
+	}
+}
+
+// collectGarbageOnce deletes what has lost its controlling owner and says whether it deleted any.
+func (h *harness) collectGarbageOnce(ns string) (deleted bool) {
+	h.t.Helper()
 	ctx := context.Background()
 	lists := []client.ObjectList{&corev1.ServiceList{}, &corev1.ConfigMapList{}, &appsv1.StatefulSetList{},
 		&policyv1.PodDisruptionBudgetList{}, &batchv1.JobList{}, &corev1.PodList{}}
@@ -511,9 +518,14 @@ func (h *harness) collectGarbage(ns string) {
 			if err == nil && owner.GetUID() == ref.UID {
 				continue
 			}
+			if obj.GetDeletionTimestamp() != nil {
+				continue
+			}
 			if err := h.client.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 				h.t.Fatal(err)
 			}
+			deleted = true
 		}
 	}
+	return deleted
 }

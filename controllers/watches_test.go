@@ -1,12 +1,16 @@
 package controllers
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 // TestMemberPodChanged: of a member pod's updates, only those that change what the operator reads
@@ -85,6 +89,32 @@ func TestStatefulSetChanged(t *testing.T) {
 			tc.change(updated)
 			if got := statefulSetChanged.Update(event.UpdateEvent{ObjectOld: settled(), ObjectNew: updated}); got != tc.want {
 				t.Errorf("reconcile = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestMemberPodCluster: a member pod wakes its cluster; a Job's pod, or a pod without the
+// cluster's label, none.
+func TestMemberPodCluster(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   string
+	}{
+		{"a member pod", map[string]string{specs.ClusterLabel: "kv", appsv1.StatefulSetRevisionLabel: "kv-1"}, "[ns/kv]"},
+		{"a backup Job's pod", map[string]string{specs.ClusterLabel: "kv", "batch.kubernetes.io/job-name": "kv-backup"}, "[]"},
+		{"no cluster label", map[string]string{appsv1.StatefulSetRevisionLabel: "other-1"}, "[]"},
+		{"no labels", nil, "[]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "kv-0", Labels: tc.labels}}
+			var got []string
+			for _, r := range memberPodCluster(context.Background(), pod) {
+				got = append(got, r.String())
+			}
+			if fmt.Sprint(got) != tc.want {
+				t.Errorf("requests = %v, want %s", got, tc.want)
 			}
 		})
 	}
