@@ -8,7 +8,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -27,11 +29,7 @@ func TestMemberPodChanged(t *testing.T) {
 			},
 		}
 	}
-	for _, tc := range []struct {
-		name   string
-		change func(p *corev1.Pod)
-		want   bool
-	}{
+	checkUpdates(t, memberPodChanged, running, []updateCase[*corev1.Pod]{
 		{"nothing", func(*corev1.Pod) {}, false},
 		{"an address assigned", func(p *corev1.Pod) { p.Status.PodIP = "10.0.0.7" }, false},
 		{"another condition", func(p *corev1.Pod) {
@@ -46,15 +44,7 @@ func TestMemberPodChanged(t *testing.T) {
 		}, true},
 		{"being deleted", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{} }, true},
 		{"another revision", func(p *corev1.Pod) { p.Labels[appsv1.StatefulSetRevisionLabel] = "kv-2" }, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			updated := running()
-			tc.change(updated)
-			if got := memberPodChanged.Update(event.UpdateEvent{ObjectOld: running(), ObjectNew: updated}); got != tc.want {
-				t.Errorf("reconcile = %v, want %v", got, tc.want)
-			}
-		})
-	}
+	})
 }
 
 // TestStatefulSetChanged: a StatefulSet's updates start a reconcile when they change what the
@@ -66,11 +56,7 @@ func TestStatefulSetChanged(t *testing.T) {
 			Status:     appsv1.StatefulSetStatus{ObservedGeneration: 2, UpdateRevision: "kv-1", Replicas: 3, ReadyReplicas: 3},
 		}
 	}
-	for _, tc := range []struct {
-		name   string
-		change func(s *appsv1.StatefulSet)
-		want   bool
-	}{
+	checkUpdates(t, statefulSetChanged, settled, []updateCase[*appsv1.StatefulSet]{
 		{"nothing", func(*appsv1.StatefulSet) {}, false},
 		{"a pod less ready", func(s *appsv1.StatefulSet) { s.Status.ReadyReplicas, s.Status.AvailableReplicas = 2, 2 }, false},
 		{"a pod more", func(s *appsv1.StatefulSet) { s.Status.Replicas = 4 }, false},
@@ -83,11 +69,24 @@ func TestStatefulSetChanged(t *testing.T) {
 		{"being deleted", func(s *appsv1.StatefulSet) { s.DeletionTimestamp = &metav1.Time{} }, true},
 		{"the new spec seen", func(s *appsv1.StatefulSet) { s.Status.ObservedGeneration = 3 }, true},
 		{"a new revision", func(s *appsv1.StatefulSet) { s.Status.UpdateRevision = "kv-2" }, true},
-	} {
+	})
+}
+
+// updateCase is an update of an object (change, applied to a fresh copy) and whether a predicate
+// should let it start a reconcile.
+type updateCase[T client.Object] struct {
+	name   string
+	change func(T)
+	want   bool
+}
+
+func checkUpdates[T client.Object](t *testing.T, changed predicate.Predicate, fresh func() T, cases []updateCase[T]) {
+	t.Helper()
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			updated := settled()
+			updated := fresh()
 			tc.change(updated)
-			if got := statefulSetChanged.Update(event.UpdateEvent{ObjectOld: settled(), ObjectNew: updated}); got != tc.want {
+			if got := changed.Update(event.UpdateEvent{ObjectOld: fresh(), ObjectNew: updated}); got != tc.want {
 				t.Errorf("reconcile = %v, want %v", got, tc.want)
 			}
 		})
