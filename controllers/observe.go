@@ -45,6 +45,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		obs.STSReplicas = sts.Spec.Replicas
 		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
 		obs.STSTrust = sts.Spec.Template.Annotations[specs.TrustAnnotation]
+		obs.STSAwaitedPods = sts.Annotations[specs.AwaitedPodsAnnotation]
 		if t, ok := specs.PodTransport(sts.Spec.Template.Spec); ok {
 			obs.STSTransport = &t
 		}
@@ -175,6 +176,9 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 	obs.Claims = map[int]plan.Claim{} // a deletion's observation is made without one
 	for _, c := range claims.Items {
 		if c.DeletionTimestamp != nil {
+			if ord, ok := specs.OrdinalOfClaim(kvc, c.Name); ok {
+				obs.ClaimsBeingDeleted = append(obs.ClaimsBeingDeleted, ord)
+			}
 			continue
 		}
 		claimUIDs[c.Name] = c.UID

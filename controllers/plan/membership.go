@@ -2,6 +2,9 @@ package plan
 
 import (
 	"slices"
+	"strconv"
+	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -135,4 +138,38 @@ func recordedMember(kvc *kvv1.KVCluster, name string) *kvv1.MemberStatus {
 		}
 	}
 	return nil
+}
+
+// awaitedPodsEvery is how often at most the operator wakes the StatefulSet controller for the same
+// awaited pods.
+const awaitedPodsEvery = 30 * time.Second
+
+// awaitedPods is the StatefulSet's specs.AwaitedPodsAnnotation: the ordinals below its replicas
+// that have neither a pod nor a claim, not even one being deleted, once its controller has seen
+// its spec (a member whose volume was reset: the controller may be backing off for minutes), and
+// when they were first awaited ("1@2026-12-03T15:04:05Z"). The value changes, and so wakes the
+// controller, when other pods are awaited, and every awaitedPodsEvery while the same ones are; it
+// stays as it is while none is.
+func awaitedPods(obs Observation, now time.Time) string {
+	if obs.STSReplicas == nil || !obs.STSSettled {
+		return obs.STSAwaitedPods
+	}
+	var awaited []string
+	for ord := range int(*obs.STSReplicas) {
+		_, pod := obs.Pods[ord]
+		_, claim := obs.Claims[ord]
+		if !pod && !claim && !slices.Contains(obs.ClaimsBeingDeleted, ord) {
+			awaited = append(awaited, strconv.Itoa(ord))
+		}
+	}
+	if len(awaited) == 0 {
+		return obs.STSAwaitedPods
+	}
+	ordinals := strings.Join(awaited, ",")
+	if prev, at, ok := strings.Cut(obs.STSAwaitedPods, "@"); ok && prev == ordinals {
+		if since, err := time.Parse(time.RFC3339, at); err == nil && now.Sub(since) < awaitedPodsEvery {
+			return obs.STSAwaitedPods
+		}
+	}
+	return ordinals + "@" + now.UTC().Format(time.RFC3339)
 }

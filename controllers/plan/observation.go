@@ -44,8 +44,12 @@ type Observation struct {
 	// when it was made. STSQuota is the backend quota its template gives members (0: unknown).
 	STSClaimSize resource.Quantity
 	STSQuota     int64
-	// Claims are the members' data claims by ordinal (claims being deleted left out).
-	Claims map[int]Claim
+	// Claims are the members' data claims by ordinal (claims being deleted left out);
+	// ClaimsBeingDeleted the ordinals of claims being deleted.
+	Claims             map[int]Claim
+	ClaimsBeingDeleted []int
+	// STSAwaitedPods is the StatefulSet's specs.AwaitedPodsAnnotation.
+	STSAwaitedPods string
 	// ExpandableClasses says, for the StorageClass of each claim still to be expanded, whether it
 	// allows volume expansion; a class that does not exist is absent.
 	ExpandableClasses map[string]bool

@@ -107,6 +107,7 @@ func Make(kvc *kvv1.KVCluster, obs Observation, now time.Time, cfg Config) Plan 
 				Transport:        templateTransport(kvc, obs),
 				ClaimSize:        obs.STSClaimSize,
 				Quota:            quota,
+				AwaitedPods:      awaitedPods(obs, now),
 			},
 			DisruptionBase: disruptionBase(kvc, obs),
 		}

@@ -65,7 +65,16 @@ type MemberSet struct {
 	// Quota is the backend quota members run with, in bytes (zero: QuotaBackendBytes of
 	// storage.size): while volumes are expanded, one the volumes they have hold.
 	Quota int64
+	// AwaitedPods is the value of AwaitedPodsAnnotation ("": none).
+	AwaitedPods string
 }
+
+// AwaitedPodsAnnotation on the StatefulSet names the member pods the operator waits for after it
+// reset their volumes (ordinals, e.g. "1"). The StatefulSet controller fails to make such a pod
+// while the old claim is being deleted, then retries with a backoff that grows to 1000 s, and it
+// watches no claims: a new value of this annotation is a change it watches, so it makes the pod
+// and its claim as soon as the old claim is gone.
+const AwaitedPodsAnnotation = "kvcluster.io/awaited-pods"
 
 // TrustAnnotation on the members' pod template identifies the CA bundle they trust.
 const TrustAnnotation = "kvcluster.io/trusted-ca"
@@ -78,7 +87,11 @@ const TrustAnnotation = "kvcluster.io/trusted-ca"
 // Volumes of scaled-away members are deleted (a removed member's data would make a re-added
 // member crash on stale membership); volumes are retained when the whole cluster is deleted.
 func StatefulSet(kvc *kvv1.KVCluster, set MemberSet) *appsv1ac.StatefulSetApplyConfiguration {
-	return appsv1ac.StatefulSet(kvc.Name, kvc.Namespace).
+	sts := appsv1ac.StatefulSet(kvc.Name, kvc.Namespace)
+	if set.AwaitedPods != "" {
+		sts.WithAnnotations(map[string]string{AwaitedPodsAnnotation: set.AwaitedPods})
+	}
+	return sts.
 		WithLabels(Labels(kvc)).
 		WithOwnerReferences(Owners(kvc, set.Guard)...).
 		WithSpec(appsv1ac.StatefulSetSpec().
