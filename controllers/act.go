@@ -425,6 +425,11 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		if err := etcd.Remove(ctx, others, ro.MemberID); err != nil {
 			return r.etcdRefused(ctx, kvc, ro, err)
 		}
+		if ro.VolumeUID != "" { // only now: the volume of a member etcd counts on is never reset
+			if err := r.resetVolume(ctx, kvc, ro); err != nil {
+				return false, err
+			}
+		}
 
 	case plan.ActUpdatePeerURL:
 		if err := etcd.UpdatePeerURL(ctx, endpoints, ro.MemberID, ro.PeerURL); err != nil {
@@ -436,13 +441,7 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 		if !unstartedLearner(view, ro.MemberID) {
 			return false, fmt.Errorf("refusing to reset the volume of %s: etcd member %x is not a learner that has not started", name, ro.MemberID)
 		}
-		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: specs.DataClaimName(kvc, ro.Ordinal)}}
-		if uid := ro.VolumeUID; uid != "" {
-			if err := ignoreGone(r.Client.Delete(ctx, claim, client.Preconditions{UID: &uid})); err != nil {
-				return false, fmt.Errorf("delete volume claim %s: %w", claim.Name, err)
-			}
-		}
-		if err := r.deletePod(ctx, kvc, name, ro.PodUID); err != nil {
+		if err := r.resetVolume(ctx, kvc, ro); err != nil {
 			return false, err
 		}
 	}
@@ -453,6 +452,18 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 	}
 	r.Recorder.Eventf(kvc, related, corev1.EventTypeNormal, ro.Action.Event(), ro.Reason, "%s", ro.Message)
 	return true, nil
+}
+
+// resetVolume deletes the member's data claim the rollout was decided on and its pod: the
+// StatefulSet makes both again, the claim empty.
+func (r *KVClusterReconciler) resetVolume(ctx context.Context, kvc *kvv1.KVCluster, ro plan.Rollout) error {
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: specs.DataClaimName(kvc, ro.Ordinal)}}
+	if uid := ro.VolumeUID; uid != "" {
+		if err := ignoreGone(r.Client.Delete(ctx, claim, client.Preconditions{UID: &uid})); err != nil {
+			return fmt.Errorf("delete volume claim %s: %w", claim.Name, err)
+		}
+	}
+	return r.deletePod(ctx, kvc, specs.MemberName(kvc, ro.Ordinal), ro.PodUID)
 }
 
 // memberPod names a member's pod, the related object of an event about the member: events of one

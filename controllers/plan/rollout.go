@@ -55,7 +55,8 @@ type Rollout struct {
 	// PodUID is the UID of the pod the decision was made on: a deletion carries it as a
 	// precondition, so a decision taken on a stale cache never deletes a pod already replaced.
 	PodUID types.UID
-	// VolumeUID is the data claim of a learner whose volume is reset, likewise a precondition.
+	// VolumeUID is the data claim reset with the action, likewise a precondition: a learner's
+	// (ActWipeLearner), or the new claim of a member removed for having lost its data (ActRemove).
 	VolumeUID types.UID
 	// OldJob is an earlier upgrade's pre-upgrade backup Job, deleted to make room for this one's;
 	// Job is this upgrade's, to start once it is gone.
@@ -158,8 +159,12 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		if healthyVoting < int(specs.Quorum(int32(voting-1))) {
 			return wait(ReasonReplacingMember, "member %s lost its data, but removing it would leave no quorum", m.Name)
 		}
-		return Rollout{Pending: true, Action: ActRemove, Ordinal: ord, MemberID: m.ID, Reason: ReasonReplacingMember,
-			Message: fmt.Sprintf("member %s came back on a new, empty volume (its data is lost); removing it from etcd to add it back as a learner", m.Name)}
+		// Its pod came up on the new volume while the member was still in etcd's list, so etcd
+		// there took the member's identity and wrote it down: it could never join as the new
+		// learner, and a copy that keeps running never says so. The new volume holds nothing
+		// else and is reset with the removal, so the pod that joins starts empty.
+		return Rollout{Pending: true, Action: ActRemove, Ordinal: ord, MemberID: m.ID, PodUID: pod.UID, VolumeUID: pod.VolumeUID, Reason: ReasonReplacingMember,
+			Message: fmt.Sprintf("member %s came back on a new, empty volume (its data is lost); removing it from etcd and resetting that volume to add it back as a learner", m.Name)}
 	}
 
 	// 3. Add missing members, lowest ordinal first: a replaced member's slot, or a scale-up.

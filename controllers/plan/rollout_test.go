@@ -178,17 +178,27 @@ func TestPlanRollout(t *testing.T) {
 			s.kvc.Spec.Partitions = 5
 			s.member(2).Healthy = false
 		}), wantPending: true, wantAction: ActWait, wantMember: "healthy", wantTo: 0},
-		{name: "scale down: remove the highest ordinal", s: formed(5, to).with(func(s *scenario) { s.kvc.Spec.Partitions = 3 }), wantPending: true, wantAction: ActRemove, wantMember: "kv-4", wantTo: 0},
+		{name: "scale down: remove the highest ordinal, keeping its volume", s: formed(5, to).with(func(s *scenario) { s.kvc.Spec.Partitions = 3 }), wantPending: true, wantAction: ActRemove, wantMember: "kv-4", wantTo: 0,
+			check: func(t *testing.T, got Rollout) {
+				if got.VolumeUID != "" || got.PodUID != "" {
+					t.Errorf("a scale-down resets pod %q and claim %q, want none", got.PodUID, got.VolumeUID)
+				}
+			}},
 		{name: "scale down: move leadership off a member before removing it", s: formed(5, to).leader(4).with(func(s *scenario) { s.kvc.Spec.Partitions = 3 }),
 			wantPending: true, wantAction: ActMoveLeader, wantMember: "kv-4", wantTo: 1},
 		{name: "scale down: a learner joining above the new size is removed", s: formed(4, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 3
 			s.member(3).Learner = true
 		}), wantPending: true, wantAction: ActRemove, wantMember: "kv-3", wantTo: 0},
-		{name: "lost data: a member back on a new volume is removed", s: formed(3, to).with(func(s *scenario) {
+		{name: "lost data: a member back on a new volume is removed, and that volume reset", s: formed(3, to).with(func(s *scenario) {
 			s.member(1).Healthy = false
-			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Restarts: 3}
-		}), wantPending: true, wantAction: ActRemove, wantMember: "kv-1", wantTo: 0},
+			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Running: true, Restarts: 2}
+		}), wantPending: true, wantAction: ActRemove, wantMember: "kv-1", wantTo: 0,
+			check: func(t *testing.T, got Rollout) {
+				if got.PodUID != "pod-kv-1b" || got.VolumeUID != "vol-new" {
+					t.Errorf("resets pod %q and claim %q, want the pod and new claim observed (pod-kv-1b, vol-new)", got.PodUID, got.VolumeUID)
+				}
+			}},
 		{name: "lost data: its slot is filled by a new learner", s: formed(3, to).with(func(s *scenario) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members[:1], s.obs.Cluster.Members[2])
 			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Restarts: 3}
