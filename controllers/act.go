@@ -422,13 +422,19 @@ func (r *KVClusterReconciler) rolloutStep(ctx context.Context, kvc *kvv1.KVClust
 				others = append(others, u)
 			}
 		}
-		if err := etcd.Remove(ctx, others, ro.MemberID); err != nil {
-			return r.etcdRefused(ctx, kvc, ro, err)
-		}
-		if ro.VolumeUID != "" { // only now: the volume of a member etcd counts on is never reset
+		// A member that lost its data: its new volume first. Should the removal then fail, the
+		// member is still listed, and the pod the StatefulSet makes again (which takes the
+		// identity again) has it decided anew; reset after the removal, a failed reset would
+		// leave nothing that says this volume is to be reset.
+		if ro.VolumeUID != "" {
 			if err := r.resetVolume(ctx, kvc, ro); err != nil {
 				return false, err
 			}
+			r.Recorder.Eventf(kvc, memberPod(kvc, name), corev1.EventTypeNormal, plan.EventMemberVolumeReset, ro.Reason,
+				"reset the new volume of member %s (claim uid %s), on which etcd took the identity of the member being removed", name, ro.VolumeUID)
+		}
+		if err := etcd.Remove(ctx, others, ro.MemberID); err != nil {
+			return r.etcdRefused(ctx, kvc, ro, err)
 		}
 
 	case plan.ActUpdatePeerURL:

@@ -423,8 +423,10 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 	ns := h.namespace("lostdata")
 	kvc := newKVCluster(ns, "kv", 3)
 	sim := h.formedCluster(kvc, "3.7.3")
-	var old corev1.PersistentVolumeClaim
+	var old, claim0, claim2 corev1.PersistentVolumeClaim
 	h.get(&old, ns, "data-kv-1")
+	h.get(&claim0, ns, "data-kv-0")
+	h.get(&claim2, ns, "data-kv-2")
 	if v := memberStatus(h.fresh(kvc), "kv-1").VolumeUID; v != string(old.UID) {
 		t.Fatalf("recorded volume of kv-1 = %q, want its claim %q", v, old.UID)
 	}
@@ -475,12 +477,19 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 	if claim.UID == claimAfterLoss.UID {
 		t.Error("the claim the crashed member wrote to was not reset")
 	}
+	for _, kept := range []corev1.PersistentVolumeClaim{claim0, claim2} {
+		var now corev1.PersistentVolumeClaim
+		h.get(&now, ns, kept.Name)
+		if now.UID != kept.UID || now.DeletionTimestamp != nil {
+			t.Errorf("claim %s of a healthy member was touched: uid %s → %s, deleting %v", kept.Name, kept.UID, now.UID, now.DeletionTimestamp)
+		}
+	}
 	got := h.fresh(kvc)
 	if got.Status.Phase != kvv1.PhaseReady || memberStatus(got, "kv-1").VolumeUID != string(claim.UID) {
 		t.Errorf("after the replacement: phase %s, kv-1 on %q (claim %q)", got.Status.Phase, memberStatus(got, "kv-1").VolumeUID, claim.UID)
 	}
 	events := drainEvents(h)
-	for _, want := range []string{"MemberRemoved", "MemberAdded", "MemberPromoted"} {
+	for _, want := range []string{"MemberVolumeReset", "MemberRemoved", "MemberAdded", "MemberPromoted"} {
 		if !strings.Contains(events, want) {
 			t.Errorf("events lack %s: %s", want, events)
 		}

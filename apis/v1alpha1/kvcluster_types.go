@@ -986,7 +986,8 @@ type KVClusterStatus struct {
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
 
-	// ReadyPartitions is the number of members whose pod runs, is ready and is not being deleted.
+	// ReadyPartitions is the number of members (of the first spec.partitions) whose pod runs, is
+	// ready and is not being deleted.
 	// +optional
 	ReadyPartitions int32 `json:"readyPartitions,omitempty"`
 

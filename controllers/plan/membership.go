@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,10 +123,23 @@ func disruptionBase(kvc *kvv1.KVCluster, obs Observation) int32 {
 	return min(int32(voting), kvc.Spec.Partitions)
 }
 
-// recordedVolume is the claim a member was last seen healthy on.
-func recordedVolume(kvc *kvv1.KVCluster, name string) types.UID {
-	if m := recordedMember(kvc, name); m != nil {
-		return types.UID(m.VolumeUID)
+// recordedVolume is the claim the member was last seen healthy on. A former member of the same
+// name (removed and added back with a new ID) has none: its claim is not the new member's.
+func recordedVolume(kvc *kvv1.KVCluster, m members.Member) types.UID {
+	if prev := recordedMember(kvc, memberPodName(kvc, m)); prev != nil && prev.ID == fmt.Sprintf("%x", m.ID) {
+		return types.UID(prev.VolumeUID)
+	}
+	return ""
+}
+
+// memberPodName is the member's pod name: the name it published, or, for an added member that
+// has not run yet, the name of the pod at its peer URL ("" for none of the cluster's).
+func memberPodName(kvc *kvv1.KVCluster, m members.Member) string {
+	if m.Started() {
+		return m.Name
+	}
+	if ord, ok := MemberOrdinal(kvc, m); ok {
+		return specs.MemberName(kvc, ord)
 	}
 	return ""
 }
@@ -141,15 +155,19 @@ func recordedMember(kvc *kvv1.KVCluster, name string) *kvv1.MemberStatus {
 }
 
 // awaitedPodsEvery is how often at most the operator wakes the StatefulSet controller for the same
-// awaited pods.
-const awaitedPodsEvery = 30 * time.Second
+// awaited pods, and awaitedPodsFor for how long: a pod still missing after that is kept out by
+// something else (a quota, an admission webhook), which the StatefulSet's events name.
+const (
+	awaitedPodsEvery = 30 * time.Second
+	awaitedPodsFor   = 10 * time.Minute
+)
 
 // awaitedPods is the StatefulSet's specs.AwaitedPodsAnnotation: the ordinals below its replicas
 // that have neither a pod nor a claim, not even one being deleted, once its controller has seen
-// its spec (a member whose volume was reset: the controller may be backing off for minutes), and
-// when they were first awaited ("1@2026-12-03T15:04:05Z"). The value changes, and so wakes the
-// controller, when other pods are awaited, and every awaitedPodsEvery while the same ones are; it
-// stays as it is while none is.
+// its spec (a member whose volume was reset or deleted: the controller may be backing off for
+// minutes), when they were first awaited and when last named ("1@<first>@<last>", RFC 3339).
+// The value changes, and so wakes the controller, when other pods are awaited, and every
+// awaitedPodsEvery for awaitedPodsFor while the same ones are; otherwise it stays as it is.
 func awaitedPods(obs Observation, now time.Time) string {
 	if obs.STSReplicas == nil || !obs.STSSettled {
 		return obs.STSAwaitedPods
@@ -165,11 +183,18 @@ func awaitedPods(obs Observation, now time.Time) string {
 	if len(awaited) == 0 {
 		return obs.STSAwaitedPods
 	}
-	ordinals := strings.Join(awaited, ",")
-	if prev, at, ok := strings.Cut(obs.STSAwaitedPods, "@"); ok && prev == ordinals {
-		if since, err := time.Parse(time.RFC3339, at); err == nil && now.Sub(since) < awaitedPodsEvery {
-			return obs.STSAwaitedPods
-		}
+	ordinals, stamp := strings.Join(awaited, ","), now.UTC().Format(time.RFC3339)
+	prev := strings.Split(obs.STSAwaitedPods, "@")
+	if len(prev) != 3 || prev[0] != ordinals {
+		return ordinals + "@" + stamp + "@" + stamp
 	}
-	return ordinals + "@" + now.UTC().Format(time.RFC3339)
+	first, err1 := time.Parse(time.RFC3339, prev[1])
+	last, err2 := time.Parse(time.RFC3339, prev[2])
+	if err1 != nil || err2 != nil {
+		return ordinals + "@" + stamp + "@" + stamp
+	}
+	if now.Sub(first) >= awaitedPodsFor || now.Sub(last) < awaitedPodsEvery {
+		return obs.STSAwaitedPods
+	}
+	return ordinals + "@" + prev[1] + "@" + stamp
 }

@@ -223,16 +223,11 @@ func memberStatuses(kvc *kvv1.KVCluster, obs Observation, now time.Time) []kvv1.
 	}
 	out := make([]kvv1.MemberStatus, 0, len(cluster.Members))
 	for _, m := range cluster.Members {
-		name := m.Name
-		if !m.Started() { // an added member is known by its peer URL until it runs
-			if ord, ok := MemberOrdinal(kvc, m); ok {
-				name = specs.MemberName(kvc, ord)
-			}
-		}
+		name := memberPodName(kvc, m)
 		ms := kvv1.MemberStatus{
 			Name: name, ID: fmt.Sprintf("%x", m.ID), Version: m.Version,
 			Leader: m.Leader, Learner: m.Learner, Healthy: m.Healthy,
-			VolumeUID: string(recordedVolume(kvc, name)), Alarms: memberAlarms(cluster, m.ID),
+			VolumeUID: string(recordedVolume(kvc, m)), Alarms: memberAlarms(cluster, m.ID),
 		}
 		prev := recordedMember(kvc, name)
 		if prev != nil && prev.ID != ms.ID { // a former member's

@@ -152,7 +152,7 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		if m.Healthy || !m.Started() || !ok || pod.Terminating || pod.VolumeUID == "" {
 			continue
 		}
-		recorded := recordedVolume(kvc, m.Name)
+		recorded := recordedVolume(kvc, m)
 		if recorded == "" || recorded == pod.VolumeUID {
 			continue
 		}
@@ -162,7 +162,8 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		// Its pod came up on the new volume while the member was still in etcd's list, so etcd
 		// there took the member's identity and wrote it down: it could never join as the new
 		// learner, and a copy that keeps running never says so. The new volume holds nothing
-		// else and is reset with the removal, so the pod that joins starts empty.
+		// else and is reset with the removal, so the pod that joins starts empty. (The member's
+		// own data was on the recorded volume: recordedVolume is that of this member ID.)
 		return Rollout{Pending: true, Action: ActRemove, Ordinal: ord, MemberID: m.ID, PodUID: pod.UID, VolumeUID: pod.VolumeUID, Reason: ReasonReplacingMember,
 			Message: fmt.Sprintf("member %s came back on a new, empty volume (its data is lost); removing it from etcd and resetting that volume to add it back as a learner", m.Name)}
 	}

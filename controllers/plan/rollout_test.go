@@ -33,7 +33,7 @@ func formed(n int, version string) *scenario {
 	for i := range n {
 		name := fmt.Sprintf("kv-%d", i)
 		pods[i] = Pod{UID: types.UID("pod-" + name), Ready: true, VolumeUID: types.UID("vol-" + name)}
-		kvc.Status.Members = append(kvc.Status.Members, kvv1.MemberStatus{Name: name, VolumeUID: "vol-" + name})
+		kvc.Status.Members = append(kvc.Status.Members, kvv1.MemberStatus{Name: name, ID: fmt.Sprintf("%x", c.Members[i].ID), VolumeUID: "vol-" + name})
 	}
 	return &scenario{kvc: kvc, obs: Observation{Cluster: &c, Pods: pods, STSSettled: true, ReadyMembers: int32(n)}}
 }
@@ -199,6 +199,10 @@ func TestPlanRollout(t *testing.T) {
 					t.Errorf("resets pod %q and claim %q, want the pod and new claim observed (pod-kv-1b, vol-new)", got.PodUID, got.VolumeUID)
 				}
 			}},
+		{name: "lost data: not for a member added back under the name (its new ID has no volume recorded yet)", s: formed(3, to).with(func(s *scenario) {
+			s.member(1).ID, s.member(1).Healthy = 42, false
+			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Running: true}
+		}), wantPending: false, wantAction: ActWait},
 		{name: "lost data: its slot is filled by a new learner", s: formed(3, to).with(func(s *scenario) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members[:1], s.obs.Cluster.Members[2])
 			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Restarts: 3}

@@ -333,13 +333,8 @@ func setSpacePressure(st *kvv1.KVClusterStatus, kvc *kvv1.KVCluster, obs Observa
 // memberName is the name of a member by ID, or its ID when it has none (not started, or gone).
 func memberName(kvc *kvv1.KVCluster, cluster *members.Cluster, id uint64) string {
 	for _, m := range cluster.Members {
-		if m.ID == id {
-			if m.Started() {
-				return m.Name
-			}
-			if ord, ok := MemberOrdinal(kvc, m); ok {
-				return specs.MemberName(kvc, ord)
-			}
+		if name := memberPodName(kvc, m); m.ID == id && name != "" {
+			return name
 		}
 	}
 	return fmt.Sprintf("member %x", id)

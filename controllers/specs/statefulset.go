@@ -69,11 +69,12 @@ type MemberSet struct {
 	AwaitedPods string
 }
 
-// AwaitedPodsAnnotation on the StatefulSet names the member pods the operator waits for after it
-// reset their volumes (ordinals, e.g. "1"). The StatefulSet controller fails to make such a pod
-// while the old claim is being deleted, then retries with a backoff that grows to 1000 s, and it
-// watches no claims: a new value of this annotation is a change it watches, so it makes the pod
-// and its claim as soon as the old claim is gone.
+// AwaitedPodsAnnotation on the StatefulSet names the member pods that have neither pod nor claim
+// (ordinals, when first awaited and last named: "1@<time>@<time>"), as after a volume reset or a
+// claim deleted with its pod. The StatefulSet controller fails to make such a pod while the old
+// claim is being deleted, then retries with a backoff that grows to 1000 s, and it watches no
+// claims: a new value of this annotation is a change it watches, so it makes the pod and its
+// claim as soon as the old claim is gone. The value stays once the pods are back.
 const AwaitedPodsAnnotation = "kvcluster.io/awaited-pods"
 
 // TrustAnnotation on the members' pod template identifies the CA bundle they trust.

@@ -18,7 +18,8 @@ type KVClusterStatusApplyConfiguration struct {
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 	// Phase is the lifecycle state: Creating, Ready, Upgrading or Failed.
 	Phase *apisv1alpha1.Phase `json:"phase,omitempty"`
-	// ReadyPartitions is the number of members whose pod runs, is ready and is not being deleted.
+	// ReadyPartitions is the number of members (of the first spec.partitions) whose pod runs, is
+	// ready and is not being deleted.
 	ReadyPartitions *int32 `json:"readyPartitions,omitempty"`
 	// CurrentVersion is the etcd version every member runs, as etcd itself reports it.
 	CurrentVersion *string `json:"currentVersion,omitempty"`
