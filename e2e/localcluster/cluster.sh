@@ -11,6 +11,7 @@
 #   cluster.sh signal SIG CONTAINER_ID   send SIG (KILL, STOP, CONT...) to every process of one
 #                        container, from the host: a crash or a freeze no container can fake
 #   cluster.sh restart PROCESS  stop a control-plane process (kube-apiserver...) and start it again
+#   cluster.sh supervise  (started by up) start the controller manager or scheduler again when it exits
 #
 # Isolation: nothing addressed to the cluster may leave through the machine's own interface.
 # Blackhole routes for the cluster ranges and iptables drop rules are installed before anything
@@ -277,7 +278,8 @@ start() {
   local name=$1 bin=$2; shift 2
   if alive "$name"; then return 0; fi
   mkdir -p "$DIR/logs" "$DIR/pids"
-  nohup "$bin" "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null &
+  # 9>&-: not the control-plane lock's descriptor, which would hold the lock for the process's life.
+  nohup "$bin" "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo "$! $(readlink -f "$bin")" >"$DIR/pids/$name"
 }
 
@@ -348,6 +350,13 @@ control_plane_up() {
     --kubelet-preferred-address-types=InternalIP
   wait_proc kube-apiserver 90 api_ready
 
+  start_kube-controller-manager
+  start_kube-scheduler
+  wait_proc kube-controller-manager 60 healthz https://127.0.0.1:10257/healthz
+  wait_proc kube-scheduler 60 healthz https://127.0.0.1:10259/healthz
+}
+
+start_kube-controller-manager() {
   start kube-controller-manager "$(kube_bin kube-controller-manager)" \
     --kubeconfig="$DIR/controller-manager.kubeconfig" --authentication-kubeconfig="$DIR/controller-manager.kubeconfig" \
     --authorization-kubeconfig="$DIR/controller-manager.kubeconfig" --bind-address=127.0.0.1 \
@@ -355,11 +364,44 @@ control_plane_up() {
     --root-ca-file="$DIR/pki/ca.crt" --service-account-private-key-file="$DIR/pki/sa.key" \
     --cluster-signing-cert-file="$DIR/pki/ca.crt" --cluster-signing-key-file="$DIR/pki/ca.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --allocate-node-cidrs=false
+}
+
+start_kube-scheduler() {
   start kube-scheduler "$(kube_bin kube-scheduler)" --kubeconfig="$DIR/scheduler.kubeconfig" \
     --authentication-kubeconfig="$DIR/scheduler.kubeconfig" --authorization-kubeconfig="$DIR/scheduler.kubeconfig" \
     --bind-address=127.0.0.1 --leader-elect=false
-  wait_proc kube-controller-manager 60 healthz https://127.0.0.1:10257/healthz
-  wait_proc kube-scheduler 60 healthz https://127.0.0.1:10259/healthz
+}
+
+# The controller manager and the scheduler exit by design on some conditions, and are restarted by
+# whatever runs them (a kubelet, systemd): the scheduler exits when its cache finds a pod updated
+# on another node than it assumed, as after an API server restart interrupted a binding (seen in
+# CI at 17:58 on 2026-12-03: no pod was scheduled any more). `supervise` plays that part for them,
+# every 2 s; it restarts only what was started and not stopped (a stopped process has no pid
+# file). Starting and stopping control-plane processes hold $DIR/control-plane.lock, so it never
+# races `restart` or `up`.
+SUPERVISED=(kube-controller-manager kube-scheduler)
+
+# The lock is held at most for a restart of the API server (90 s) and the processes after it.
+with_control_plane_lock() { (flock -w 300 9 && "$@") 9>"$DIR/control-plane.lock"; }
+
+supervise() {
+  local p
+  while alive supervisor; do
+    sleep 2
+    for p in "${SUPERVISED[@]}"; do
+      [ -f "$DIR/pids/$p" ] && ! alive "$p" || continue
+      with_control_plane_lock restart_exited "$p" || log "$p: could not start it again; trying on"
+    done
+  done
+}
+
+restart_exited() {
+  local p=$1
+  [ -f "$DIR/pids/$p" ] && ! alive "$p" || return 0
+  log "$p exited; starting it again. The end of its log ($DIR/logs/$p.previous.log):"
+  tail -n 3 "$DIR/logs/$p.log" | sed 's/^/    /' >&2
+  mv -f "$DIR/logs/$p.log" "$DIR/logs/$p.previous.log"
+  "start_$p"
 }
 
 containerd_up() {
@@ -521,7 +563,7 @@ EOF
 }
 
 # The cluster's host processes, in start order.
-PROCS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy coredns provisioner kube-router)
+PROCS=(etcd kube-apiserver kube-controller-manager kube-scheduler supervisor containerd kubelet kube-proxy coredns provisioner kube-router)
 
 dead_procs() { local p; for p in "${PROCS[@]}"; do alive "$p" || echo "$p"; done; }
 
@@ -553,7 +595,8 @@ up() {
   mkdir -p "$DIR"
   network_up
   pki
-  control_plane_up
+  with_control_plane_lock control_plane_up
+  start supervisor "$(readlink -f "$BASH")" "$here/cluster.sh" supervise
   containerd_up
   kubelet_up
   addons_up
@@ -565,6 +608,8 @@ up() {
 down() {
   [ "$(id -u)" = 0 ] || die "needs root"
   [ -d "$DIR" ] || [ -d "$RUN" ] || { network_down; return 0; }
+  # Under the lock: a supervisor stopped half-way through starting a process would leave it untracked.
+  if [ -d "$DIR" ]; then with_control_plane_lock stop supervisor || stop supervisor; fi
   for p in kube-router provisioner coredns kube-proxy kubelet; do stop $p; done
   # Kill every container process: the pod cgroups list them, the shims are ours by their socket.
   pod_processes | xargs -r kill -9 2>/dev/null || true
@@ -582,6 +627,13 @@ down() {
   log "down"
 }
 
+restart_process() {
+  alive "$1" || die "$1 is not running"
+  stop "$1"
+  mv -f "$DIR/logs/$1.log" "$DIR/logs/$1.previous.log" # start truncates the log; keep the stopped one's
+  control_plane_up
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
@@ -591,10 +643,8 @@ case "${1:-}" in
   restart)
     [ $# -eq 2 ] || die "usage: $0 restart PROCESS"
     case $2 in etcd | kube-apiserver | kube-controller-manager | kube-scheduler) ;; *) die "restart: only control-plane processes" ;; esac
-    alive "$2" || die "$2 is not running"
-    stop "$2"
-    mv -f "$DIR/logs/$2.log" "$DIR/logs/$2.previous.log" # start truncates the log; keep the stopped one's
-    control_plane_up ;;
+    with_control_plane_lock restart_process "$2" ;;
+  supervise) supervise ;;
   # Internal: the pod cgroup handling alone, for testing it on a fake or a cgroup v2 root.
   cgroups) echo "cgroup v$(cgroup_version) at $CGROUP_ROOT"; kubepods_cgroups ;;
   remove-pod-cgroups) remove_pod_cgroups ;;
