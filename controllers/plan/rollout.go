@@ -162,10 +162,10 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		// Its pod came up on the new volume while the member was still in etcd's list, so etcd
 		// there took the member's identity and wrote it down: it could never join as the new
 		// learner, and a copy that keeps running never says so. The new volume holds nothing
-		// else and is reset with the removal, so the pod that joins starts empty. (The member's
+		// else and is reset just before the removal, so the pod that joins starts empty. (The member's
 		// own data was on the recorded volume: recordedVolume is that of this member ID.)
 		return Rollout{Pending: true, Action: ActRemove, Ordinal: ord, MemberID: m.ID, PodUID: pod.UID, VolumeUID: pod.VolumeUID, Reason: ReasonReplacingMember,
-			Message: fmt.Sprintf("member %s came back on a new, empty volume (its data is lost); removing it from etcd and resetting that volume to add it back as a learner", m.Name)}
+			Message: fmt.Sprintf("member %s came back on a new, empty volume (its data is lost); resetting that volume and removing the member from etcd to add it back as a learner", m.Name)}
 	}
 
 	// 3. Add missing members, lowest ordinal first: a replaced member's slot, or a scale-up.
