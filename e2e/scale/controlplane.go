@@ -6,13 +6,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -135,21 +138,22 @@ func (cp *controlPlane) install(ctx context.Context, t tools) error {
 	if out, err := crd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install the CRD: %v\n%s", err, out)
 	}
-	established := exec.Command(filepath.Join(t.kubernetes, "kubectl"), "--kubeconfig", cp.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/kvclusters.kvcluster.io")
-	if out, err := established.CombinedOutput(); err != nil {
-		return fmt.Errorf("the CRD: %v\n%s", err, out)
+	// Polled here: kubectl wait fails at once on a CRD whose status has no conditions yet.
+	if waitAll([]types.NamespacedName{{Name: "kvclusters.kvcluster.io"}}, time.Minute, func(key types.NamespacedName) bool {
+		var crd apiextensionsv1.CustomResourceDefinition
+		return cp.c.Get(ctx, key, &crd) == nil && slices.ContainsFunc(crd.Status.Conditions, func(c apiextensionsv1.CustomResourceDefinitionCondition) bool {
+			return c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue
+		})
+	}) > 0 {
+		return fmt.Errorf("the KVCluster CRD was not established within a minute")
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
+	if waitAll([]types.NamespacedName{{Name: nodeName}}, time.Minute, func(key types.NamespacedName) bool {
 		var n corev1.Node
-		if err := cp.c.Get(ctx, client.ObjectKey{Name: nodeName}, &n); err == nil && nodeReady(&n) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kwok did not make node %s Ready within a minute", nodeName)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return cp.c.Get(ctx, key, &n) == nil && nodeReady(&n)
+	}) > 0 {
+		return fmt.Errorf("kwok did not make node %s Ready within a minute", nodeName)
 	}
+	return nil
 }
 
 func nodeReady(n *corev1.Node) bool {

@@ -49,10 +49,28 @@ type sample struct {
 	// scraped: the metrics below were read (a quiet sample reads /proc only).
 	scraped    bool
 	queueDepth float64
-	// queueWaitSum and queueWaitCount are the work queue's histogram of how long an item waited
-	// before a worker took it: the sum of the waits (seconds) and their number.
-	queueWaitSum   float64
-	queueWaitCount uint64
+	// queueWait is how long items waited before a worker took them; reconcile how long the
+	// reconciles took, and steps how long their observe and act steps did (all since start).
+	queueWait, reconcile timeSpent
+	steps                map[string]timeSpent
+}
+
+// timeSpent is a histogram's running sum (seconds) and count.
+type timeSpent struct {
+	sum   float64
+	count uint64
+}
+
+func spent(h *dto.Histogram) timeSpent {
+	return timeSpent{sum: h.GetSampleSum(), count: h.GetSampleCount()}
+}
+
+// mean is the mean of what was observed between two moments.
+func (t timeSpent) mean(since timeSpent) time.Duration {
+	if t.count <= since.count {
+		return 0
+	}
+	return time.Duration((t.sum - since.sum) / float64(t.count-since.count) * float64(time.Second))
 }
 
 // freePorts returns n distinct loopback ports nothing listens on: the listeners stay open until
@@ -233,38 +251,33 @@ func (op *operator) sample(scrape bool) (sample, error) {
 	if err != nil {
 		return s, err
 	}
-	s.queueDepth = gauge(families["workqueue_depth"])
-	if h := histogram(families["workqueue_queue_duration_seconds"]); h != nil {
-		s.scraped, s.queueWaitSum, s.queueWaitCount = true, h.GetSampleSum(), h.GetSampleCount()
+	if m := series(families["workqueue_depth"], "name", "kvcluster"); m != nil {
+		s.queueDepth = m.GetGauge().GetValue()
+	}
+	if m := series(families["workqueue_queue_duration_seconds"], "name", "kvcluster"); m != nil {
+		s.scraped, s.queueWait = true, spent(m.GetHistogram())
+	}
+	if m := series(families["controller_runtime_reconcile_time_seconds"], "controller", "kvcluster"); m != nil {
+		s.reconcile = spent(m.GetHistogram())
+	}
+	s.steps = map[string]timeSpent{}
+	for _, step := range []string{"observe", "act"} {
+		if m := series(families["kvcluster_reconcile_step_duration_seconds"], "step", step); m != nil {
+			s.steps[step] = spent(m.GetHistogram())
+		}
 	}
 	return s, nil
 }
 
-// kvclusterQueue picks the KVCluster controller's series of a work queue metric.
-func kvclusterQueue(f *dto.MetricFamily) *dto.Metric {
-	if f == nil {
-		return nil
-	}
+// series picks the series of a metric whose label has this value (the KVCluster controller's
+// work queue: name="kvcluster"; one step: step="observe").
+func series(f *dto.MetricFamily, label, value string) *dto.Metric {
 	for _, m := range f.GetMetric() {
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "name" && l.GetValue() == "kvcluster" {
+			if l.GetName() == label && l.GetValue() == value {
 				return m
 			}
 		}
-	}
-	return nil
-}
-
-func gauge(f *dto.MetricFamily) float64 {
-	if m := kvclusterQueue(f); m != nil {
-		return m.GetGauge().GetValue()
-	}
-	return 0
-}
-
-func histogram(f *dto.MetricFamily) *dto.Histogram {
-	if m := kvclusterQueue(f); m != nil {
-		return m.GetHistogram()
 	}
 	return nil
 }
@@ -277,6 +290,10 @@ type usage struct {
 	// meanWait is how long an item queued in the window waited for a worker, on average (the
 	// histogram's buckets are powers of ten: too coarse for a percentile).
 	meanWait time.Duration
+	// reconciles ran in the window, taking meanReconcile each, of which meanObserve observing
+	// (the API server's answers from the cache or not, and etcd's) and meanAct acting (writes).
+	reconciles                          uint64
+	meanReconcile, meanObserve, meanAct time.Duration
 }
 
 // window is the samples that bound [from, to] (the last one before from, else the first after
@@ -325,8 +342,10 @@ func (op *operator) usage(from, to time.Time) usage {
 	for _, s := range within {
 		u.maxDepth = max(u.maxDepth, s.queueDepth)
 	}
-	if n := last.queueWaitCount - first.queueWaitCount; n > 0 {
-		u.meanWait = time.Duration((last.queueWaitSum - first.queueWaitSum) / float64(n) * float64(time.Second))
-	}
+	u.meanWait = last.queueWait.mean(first.queueWait)
+	u.reconciles = last.reconcile.count - first.reconcile.count
+	u.meanReconcile = last.reconcile.mean(first.reconcile)
+	u.meanObserve = last.steps["observe"].mean(first.steps["observe"])
+	u.meanAct = last.steps["act"].mean(first.steps["act"])
 	return u
 }
