@@ -65,12 +65,9 @@ func spent(h *dto.Histogram) timeSpent {
 	return timeSpent{sum: h.GetSampleSum(), count: h.GetSampleCount()}
 }
 
-// mean is the mean of what was observed between two moments.
-func (t timeSpent) mean(since timeSpent) time.Duration {
-	if t.count <= since.count {
-		return 0
-	}
-	return time.Duration((t.sum - since.sum) / float64(t.count-since.count) * float64(time.Second))
+// since is the time observed between two moments, and how many observations.
+func (t timeSpent) since(earlier timeSpent) (time.Duration, uint64) {
+	return time.Duration((t.sum - earlier.sum) * float64(time.Second)), t.count - earlier.count
 }
 
 // freePorts returns n distinct loopback ports nothing listens on: the listeners stay open until
@@ -290,10 +287,11 @@ type usage struct {
 	// meanWait is how long an item queued in the window waited for a worker, on average (the
 	// histogram's buckets are powers of ten: too coarse for a percentile).
 	meanWait time.Duration
-	// reconciles ran in the window, taking meanReconcile each, of which meanObserve observing
-	// (the API server's answers from the cache or not, and etcd's) and meanAct acting (writes).
-	reconciles                          uint64
-	meanReconcile, meanObserve, meanAct time.Duration
+	// reconciles ran in the window, taking reconciling in all, of which observing (the API
+	// server's answers, from the cache or not, and etcd's) and acting (writes). Totals, not means:
+	// a reconcile that ends before it observes (the cluster is gone) has no steps.
+	reconciles                     uint64
+	reconciling, observing, acting time.Duration
 }
 
 // window is the samples that bound [from, to] (the last one before from, else the first after
@@ -342,10 +340,11 @@ func (op *operator) usage(from, to time.Time) usage {
 	for _, s := range within {
 		u.maxDepth = max(u.maxDepth, s.queueDepth)
 	}
-	u.meanWait = last.queueWait.mean(first.queueWait)
-	u.reconciles = last.reconcile.count - first.reconcile.count
-	u.meanReconcile = last.reconcile.mean(first.reconcile)
-	u.meanObserve = last.steps["observe"].mean(first.steps["observe"])
-	u.meanAct = last.steps["act"].mean(first.steps["act"])
+	if waited, n := last.queueWait.since(first.queueWait); n > 0 {
+		u.meanWait = waited / time.Duration(n)
+	}
+	u.reconciling, u.reconciles = last.reconcile.since(first.reconcile)
+	u.observing, _ = last.steps["observe"].since(first.steps["observe"])
+	u.acting, _ = last.steps["act"].since(first.steps["act"])
 	return u
 }
