@@ -326,7 +326,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 
 	// Creation: all N at once.
 	log("creating %d clusters", b.n)
-	start := time.Now()
+	start := b.op.mark()
 	if err := b.create(ctx, fleet); err != nil {
 		return err
 	}
@@ -334,7 +334,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 		_, ok := b.tl.readyAt(c, fromVersion)
 		return ok
 	})
-	end := time.Now()
+	end := b.op.mark()
 	r.create.took = end.Sub(start)
 	r.create.each = summarize(b.overheads(fleet))
 	if err := b.measure(&r.create, start, end); err != nil {
@@ -349,7 +349,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	time.Sleep(10 * time.Second) // creation's last status writes and events settle
 	b.op.setQuiet(true)
 	conns0, requests0 := b.sim.Stats()
-	start = time.Now()
+	start = b.op.mark()
 	if dir := os.Getenv("KVC_BENCH_LOGS"); dir != "" {
 		// Where the idle operator's CPU goes, for whoever reads the logs.
 		if err := b.op.profileCPU(steady, filepath.Join(dir, fmt.Sprintf("idle-cpu-%d.pprof", b.n))); err != nil {
@@ -358,7 +358,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	} else {
 		time.Sleep(steady)
 	}
-	end = time.Now()
+	end = b.op.mark()
 	b.op.setQuiet(false)
 	conns1, requests1 := b.sim.Stats()
 	r.steady.etcdConns, r.steady.etcdRequests = conns1-conns0, requests1-requests0
@@ -378,7 +378,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 			return fmt.Errorf("the operator did not look at %d of the frozen clusters within 3 minutes", left)
 		}
 		probes := b.names("new", frozen)
-		start = time.Now()
+		start = b.op.mark()
 		if err := b.create(ctx, probes); err != nil {
 			return err
 		}
@@ -386,7 +386,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 			_, ok := b.tl.readyAt(c, fromVersion)
 			return ok
 		})
-		end = time.Now()
+		end = b.op.mark()
 		r.frozen.took = end.Sub(start)
 		r.frozen.each = summarize(b.overheads(probes))
 		if err := b.measure(&r.frozen, start, end); err != nil {
@@ -407,7 +407,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 
 	// A version change on every cluster at once.
 	log("upgrading %d clusters to %s", len(fleet), toVersion)
-	start = time.Now()
+	start = b.op.mark()
 	patched, err := applyEach(fleet, func(kvc *kvv1.KVCluster) error {
 		return b.cp.c.Patch(ctx, kvc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"version":"`+toVersion+`"}}`)))
 	})
@@ -418,7 +418,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 		_, ok := b.tl.readyAt(c, toVersion)
 		return ok
 	})
-	end = time.Now()
+	end = b.op.mark()
 	r.upgrade.took = end.Sub(start)
 	r.upgrade.each = summarize(since(patched, func(c types.NamespacedName) (time.Time, bool) { return b.tl.readyAt(c, toVersion) }))
 	if err := b.measure(&r.upgrade, start, end); err != nil {
@@ -428,7 +428,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 
 	// Deletion of every cluster at once.
 	log("deleting %d clusters", len(fleet))
-	start = time.Now()
+	start = b.op.mark()
 	deleted, err := applyEach(fleet, func(kvc *kvv1.KVCluster) error { return b.cp.c.Delete(ctx, kvc) })
 	if err != nil {
 		return err
@@ -437,7 +437,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 		_, ok := b.tl.goneAt(c)
 		return ok
 	})
-	end = time.Now()
+	end = b.op.mark()
 	r.delete.took = end.Sub(start)
 	r.delete.each = summarize(since(deleted, b.tl.goneAt))
 	r.delete.clusters = len(fleet)
@@ -557,8 +557,8 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 		}
 	}
 	w("\n### Where a reconcile's time goes\n\n")
-	w("The KVCluster controller's reconciles while the clusters were created and upgraded (from its metrics): how many per cluster and how long each took on average; the time they took per cluster, and of it the time observing (reading objects, asking the members) and acting (writing); how long a reconcile waited in the queue before it started, on average.\n\n")
-	w("| scenario | N | reconciles per cluster | mean reconcile | per cluster: reconciling / observing / acting | mean queue wait |\n|---|---|---|---|---|---|\n")
+	w("The KVCluster controller's reconciles while the clusters were created and upgraded (from its metrics): how many per cluster and how long each took on average; the time they took per cluster, and of it the time observing (reading objects, asking the members) and acting (applying the plan: writes, events, etcd membership changes); how long a reconcile waited in the queue before it started, on average.\n\n")
+	w("| scenario | clusters | reconciles per cluster | mean reconcile | per cluster: reconciling / observing / acting | mean queue wait |\n|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		for _, row := range []struct {
 			name     string
@@ -569,7 +569,7 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 				continue
 			}
 			u, per := row.c.use, time.Duration(row.clusters)
-			w("| %s | %d | %.1f | %s | %s / %s / %s | %s |\n", row.name, r.n, float64(u.reconciles)/float64(row.clusters), millis(u.reconciling/time.Duration(max(u.reconciles, 1))),
+			w("| %s | %d | %.1f | %s | %s / %s / %s | %s |\n", row.name, row.clusters, float64(u.reconciles)/float64(row.clusters), seconds(u.reconciling/time.Duration(max(u.reconciles, 1))),
 				seconds(u.reconciling/per), seconds(u.observing/per), seconds(u.acting/per), seconds(u.meanWait))
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,8 +66,12 @@ func spent(h *dto.Histogram) timeSpent {
 	return timeSpent{sum: h.GetSampleSum(), count: h.GetSampleCount()}
 }
 
-// since is the time observed between two moments, and how many observations.
+// since is the time observed between two moments, and how many observations (none if the
+// histogram started again between them).
 func (t timeSpent) since(earlier timeSpent) (time.Duration, uint64) {
+	if t.count < earlier.count {
+		return 0, 0
+	}
 	return time.Duration((t.sum - earlier.sum) * float64(time.Second)), t.count - earlier.count
 }
 
@@ -184,16 +189,24 @@ func (op *operator) sampleEverySecond() {
 		case <-op.stop:
 			return
 		case <-tick.C:
-			op.mu.Lock()
-			quiet := op.quiet
-			op.mu.Unlock()
-			if s, err := op.sample(!quiet); err == nil {
-				op.mu.Lock()
-				op.samples = append(op.samples, s)
-				op.mu.Unlock()
-			}
+			op.mark()
 		}
 	}
+}
+
+// mark samples the operator now (its metrics too unless quiet) and returns the moment: a
+// scenario bounded by marks has samples at both its ends, not up to a second inside them.
+func (op *operator) mark() time.Time {
+	op.mu.Lock()
+	quiet := op.quiet
+	op.mu.Unlock()
+	s, err := op.sample(!quiet)
+	if err == nil {
+		op.mu.Lock()
+		op.samples = append(op.samples, s)
+		op.mu.Unlock()
+	}
+	return s.at
 }
 
 // clockTicks is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on Linux).
@@ -320,8 +333,12 @@ func (op *operator) usage(from, to time.Time) usage {
 	var all, scraped []*sample
 	for i := range op.samples {
 		all = append(all, &op.samples[i])
-		if op.samples[i].scraped {
-			scraped = append(scraped, &op.samples[i])
+	}
+	// A mark and the ticker's sample may be appended in the other order than taken.
+	slices.SortStableFunc(all, func(a, b *sample) int { return a.at.Compare(b.at) })
+	for _, s := range all {
+		if s.scraped {
+			scraped = append(scraped, s)
 		}
 	}
 	var u usage
