@@ -301,8 +301,9 @@ type usage struct {
 	// histogram's buckets are powers of ten: too coarse for a percentile).
 	meanWait time.Duration
 	// reconciles ran in the window, taking reconciling in all, of which observing (the API
-	// server's answers, from the cache or not, and etcd's) and acting (writes). Totals, not means:
-	// a reconcile that ends before it observes (the cluster is gone) has no steps.
+	// server's answers, from the cache or not, and etcd's) and acting (writes, events, etcd
+	// membership changes). Totals, not means: a reconcile that ends before it observes (the
+	// cluster is gone) has no steps.
 	reconciles                     uint64
 	reconciling, observing, acting time.Duration
 }

@@ -161,10 +161,6 @@ func (d distribution) String() string {
 
 func seconds(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
 
-func millis(d time.Duration) string {
-	return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
-}
-
 // requests are the operator's API requests in a window, by verb, from the audit log.
 type requests struct {
 	byVerb map[string]int
