@@ -497,6 +497,10 @@ type scenario struct {
 	etcdConns, etcdRequests int64
 }
 
+// ran reports whether the scenario was measured: after a failure the later ones are not, and
+// get no row.
+func (s scenario) ran() bool { return s.window > 0 }
+
 // problems are what -check fails on: a functional failure, or writes by an idle fleet.
 func (r *result) problems() []string {
 	var p []string
@@ -530,6 +534,9 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 	w("| N | API reads per cluster per minute | API writes per cluster per minute | leader election requests per minute | etcd connections per cluster per minute | etcd requests per cluster per minute | operator CPU per minute | RSS |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		c := r.steady
+		if !c.ran() {
+			continue
+		}
 		minutes := c.window.Minutes()
 		per := float64(r.n) * minutes
 		w("| %d | %s | %s | %s | %s | %s | %.2f s | %s |\n", r.n, trim(float64(c.requests.reads())/per), trim(float64(c.requests.writes())/per), trim(float64(c.requests.leases)/minutes),
@@ -539,7 +546,7 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 	w("| N | frozen clusters | new clusters: all Ready after | operator overhead per new cluster p50 / p99 / max | queue depth max | mean queue wait |\n|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		c := r.frozen
-		if c.frozen == 0 {
+		if !c.ran() || c.frozen == 0 {
 			continue
 		}
 		w("| %d | %d | %s | %s | %.0f | %s |\n", r.n, c.frozen, seconds(c.took), c.each, c.use.maxDepth, seconds(c.use.meanWait))
@@ -548,6 +555,9 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 	w("| clusters | all upgraded after | per cluster p50 / p99 / max | API requests per cluster | operator CPU | peak RSS | queue depth max |\n|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		c := r.upgrade
+		if !c.ran() {
+			continue
+		}
 		w("| %d | %s | %s | %s | %.1f s | %s | %.0f |\n", c.clusters, seconds(c.took), c.each, c.requests.perCluster(float64(max(c.clusters, 1))), c.use.cpu, mib(c.use.peakRSS), c.use.maxDepth)
 	}
 	for _, r := range results {
@@ -578,6 +588,9 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 	w("| clusters | all gone after | per cluster p50 / p99 / max | API requests per cluster | operator CPU |\n|---|---|---|---|---|\n")
 	for _, r := range results {
 		c := r.delete
+		if !c.ran() {
+			continue
+		}
 		w("| %d | %s | %s | %s | %.1f s |\n", c.clusters, seconds(c.took), c.each, c.requests.perCluster(float64(max(c.clusters, 1))), c.use.cpu)
 	}
 	for _, r := range results {
