@@ -184,6 +184,8 @@ type EtcdClient struct {
 	// DialOptions are added to every connection's (the fleet benchmark routes them to simulated
 	// members).
 	DialOptions []grpc.DialOption
+	// Pool keeps clients open between requests; nil: a client per request.
+	Pool *Pool
 }
 
 // WithTLS returns a copy that speaks TLS with config.
@@ -197,14 +199,13 @@ func (e EtcdClient) WithTLS(config *tls.Config) Client {
 func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(Member) (string, bool)) (Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout())
 	defer cancel()
-	cli, err := e.connect(ctx, endpoints)
+	cli, release, err := e.connect(ctx, endpoints)
 	if err != nil {
 		return Cluster{}, err
 	}
-	defer func() { _ = cli.Close() }()
-
 	list, err := cli.MemberList(ctx)
 	if err != nil {
+		release(err)
 		return Cluster{}, fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	}
 	// Each member is asked on its own, at once, with its own deadline: a member that hangs (a
@@ -221,7 +222,7 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 		wg.Go(func() {
 			mctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
 			defer cancel()
-			st, err := cli.Status(mctx, url)
+			st, err := e.status(mctx, url)
 			if err != nil || st.Header.MemberId != m.ID { // someone else answers there: not this member
 				return
 			}
@@ -248,14 +249,28 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 	if alarmed.Load() {
 		resp, err := cli.AlarmList(ctx)
 		if err != nil {
+			release(err)
 			return Cluster{}, fmt.Errorf("%w: list alarms: %v", ErrNoQuorum, err)
 		}
 		for _, a := range resp.Alarms {
 			out.Alarms = append(out.Alarms, Alarm{MemberID: a.MemberID, Type: a.Alarm.String()})
 		}
 	}
+	release(nil)
 	slices.SortFunc(out.Members, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// status asks the member at url for its own status, through a client of its own: a client of
+// several endpoints would dial the member anew for it.
+func (e EtcdClient) status(ctx context.Context, url string) (*clientv3.StatusResponse, error) {
+	cli, release, err := e.connect(ctx, []string{url})
+	if err != nil {
+		return nil, err
+	}
+	st, err := clientv3.NewMaintenanceFromMaintenanceClient(pb.NewMaintenanceClient(cli.ActiveConnection()), cli).Status(ctx, url)
+	release(err)
+	return st, err
 }
 
 func (e EtcdClient) timeout() time.Duration {
@@ -265,23 +280,36 @@ func (e EtcdClient) timeout() time.Duration {
 	return e.Timeout
 }
 
-func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:          endpoints,
-		TLS:                e.TLS,
-		DialTimeout:        e.timeout(),
-		Logger:             zap.NewNop(),
-		Context:            ctx,
-		MaxCallRecvMsgSize: maxResponseBytes,
-		DialOptions:        e.DialOptions,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("connect to etcd at %s: %w", strings.Join(endpoints, ","), err)
+// connect returns a client for endpoints, from the pool if there is one, and the function to
+// call with the request's outcome once done with it.
+func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.Client, func(error), error) {
+	dial := func(ctx context.Context) (*clientv3.Client, error) {
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints:          endpoints,
+			TLS:                e.TLS,
+			DialTimeout:        e.timeout(),
+			Logger:             zap.NewNop(),
+			Context:            ctx,
+			MaxCallRecvMsgSize: maxResponseBytes,
+			DialOptions:        e.DialOptions,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("connect to etcd at %s: %w", strings.Join(endpoints, ","), err)
+		}
+		return cli, nil
 	}
-	return cli, nil
+	if e.Pool == nil {
+		cli, err := dial(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return cli, func(error) { _ = cli.Close() }, nil
+	}
+	// A pooled client outlives the request: its own context, never the request's.
+	return e.Pool.acquire(endpoints, e.TLS, func() (*clientv3.Client, error) { return dial(context.Background()) })
 }
 
-// do runs one request against the cluster with a fresh client, bounded by the timeout.
+// do runs one request against the cluster, bounded by the timeout.
 func (e EtcdClient) do(ctx context.Context, endpoints []string, f func(ctx context.Context, cli *clientv3.Client) error) error {
 	return e.doWithin(ctx, e.timeout(), endpoints, f)
 }
@@ -290,12 +318,13 @@ func (e EtcdClient) do(ctx context.Context, endpoints []string, f func(ctx conte
 func (e EtcdClient) doWithin(ctx context.Context, within time.Duration, endpoints []string, f func(ctx context.Context, cli *clientv3.Client) error) error {
 	ctx, cancel := context.WithTimeout(ctx, max(within, e.timeout()))
 	defer cancel()
-	cli, err := e.connect(ctx, endpoints)
+	cli, release, err := e.connect(ctx, endpoints)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = cli.Close() }()
-	return f(ctx, cli)
+	err = f(ctx, cli)
+	release(err)
+	return err
 }
 
 // MoveLeader must reach the leader itself, so its client has the leader's endpoint only.

@@ -195,3 +195,63 @@ func TestAFrozenClusterAnswersNothing(t *testing.T) {
 		t.Errorf("thawed: %v", err)
 	}
 }
+
+// Pooled clients dial each member once across requests, a client unused for the pool's idle time
+// is closed, and a request left unanswered closes its client: a cluster that answers again is
+// asked on new connections, not on the ones that went silent.
+func TestPooledClientsAreReusedUntilIdleOrUnanswered(t *testing.T) {
+	ctx := context.Background()
+	kvc := testCluster("kv", 3)
+	c := fake.NewClientBuilder().WithObjects(membershipConfigMap(kvc)).Build()
+	sim, unpooled := simulated(t, c)
+	for i := range 3 {
+		setReady(t, c, kvc, i, "3.7.3", true)
+	}
+	endpoints := specs.MemberClientURLs(kvc, "http")
+	ask := func(etcd members.EtcdClient) int64 {
+		t.Helper()
+		before, _ := sim.Stats()
+		if _, err := etcd.Cluster(ctx, endpoints, urlOf(kvc)); err != nil {
+			t.Fatal(err)
+		}
+		after, _ := sim.Stats()
+		return after - before
+	}
+	if first, second := ask(unpooled), ask(unpooled); first == 0 || second != first {
+		t.Fatalf("without a pool: %d and %d connections, want the same number each time", first, second)
+	}
+
+	pool := members.NewPool(time.Hour)
+	pooled := unpooled
+	pooled.Pool = pool
+	if first := ask(pooled); first == 0 {
+		t.Fatal("the first request through the pool opened no connection")
+	}
+	for range 3 {
+		if again := ask(pooled); again != 0 {
+			t.Fatalf("a later request opened %d connections, want 0", again)
+		}
+	}
+	if n := pool.Len(); n != 4 {
+		t.Errorf("the pool holds %d clients, want 4 (the cluster's and each member's)", n)
+	}
+
+	sim.Freeze(types.NamespacedName{Namespace: "ns", Name: "kv"}, true)
+	if _, err := pooled.Cluster(ctx, endpoints, urlOf(kvc)); err == nil {
+		t.Fatal("a frozen cluster answered")
+	}
+	sim.Freeze(types.NamespacedName{Namespace: "ns", Name: "kv"}, false)
+	if redialled := ask(pooled); redialled == 0 {
+		t.Error("after an unanswered request the pooled connections were used again, want new ones")
+	}
+
+	pooled.Pool = members.NewPool(50 * time.Millisecond)
+	ask(pooled)
+	deadline := time.Now().Add(5 * time.Second)
+	for pooled.Pool.Len() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := pooled.Pool.Len(); n != 0 {
+		t.Errorf("%d clients still open after the idle time", n)
+	}
+}
