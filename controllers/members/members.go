@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -110,10 +109,11 @@ func (c Cluster) Leader() (Member, bool) {
 // Client reads a cluster's membership and health, and changes its membership, through the
 // members' client URLs.
 type Client interface {
-	// Cluster reads the member list through endpoints, then asks each member for its status at the
-	// URL urlOf gives: members urlOf does not know are not asked (and count as not healthy). A
-	// member's self-advertised URL is never dialled: what a member's image advertises must not
-	// decide where the operator connects.
+	// Cluster asks the members at endpoints for their status and reads the member list through
+	// one that answered; a listed member's status is the answer at the URL urlOf gives: members
+	// urlOf does not know are not asked (and count as not healthy). A member's self-advertised URL
+	// is never dialled: what a member's image advertises must not decide where the operator
+	// connects.
 	Cluster(ctx context.Context, endpoints []string, urlOf func(Member) (string, bool)) (Cluster, error)
 	// MoveLeader asks the leader, at leaderEndpoint, to hand leadership to the member to.
 	MoveLeader(ctx context.Context, leaderEndpoint string, to uint64) error
@@ -194,83 +194,121 @@ func (e EtcdClient) WithTLS(config *tls.Config) Client {
 	return e
 }
 
-// Cluster lists the members with a linearizable request (which only a quorum can answer), then
-// asks each member for its own status.
+// Cluster asks each member at endpoints for its own status and, through the first that answers,
+// lists the members with a linearizable request (which only a quorum can answer). Every request
+// goes through a client of one member: the list goes through a connection that just carried an
+// answer, where a client of several endpoints could route it to a member that stopped answering
+// since its connection was made.
 func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(Member) (string, bool)) (Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout())
 	defer cancel()
-	cli, release, err := e.connect(ctx, endpoints)
-	if err != nil {
-		return Cluster{}, err
+	asked := e.askStatus(ctx, endpoints)
+	answers := map[string]*clientv3.StatusResponse{}
+	through := ""
+	for a := range asked {
+		if a.status != nil {
+			answers[a.url] = a.status
+			through = a.url
+			break
+		}
 	}
-	list, err := cli.MemberList(ctx)
+	if through == "" {
+		return Cluster{}, fmt.Errorf("%w: no member answered at %s", ErrNoQuorum, strings.Join(endpoints, ","))
+	}
+	var list *clientv3.MemberListResponse
+	err := e.do(ctx, []string{through}, func(ctx context.Context, cli *clientv3.Client) (err error) {
+		list, err = cli.MemberList(ctx)
+		return err
+	})
 	if err != nil {
-		release(err)
 		return Cluster{}, fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	}
-	// Each member is asked on its own, at once, with its own deadline: a member that hangs (a
-	// crash-looping pod) must not make the ones asked after it look unhealthy.
 	out := Cluster{Members: make([]Member, len(list.Members))}
-	var wg sync.WaitGroup
-	var alarmed atomic.Bool
+	urls := make([]string, len(list.Members))
+	var more []string // members whose URL was not among endpoints
 	for i, m := range list.Members {
 		out.Members[i] = Member{ID: m.ID, Name: m.Name, Learner: m.IsLearner, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs}
 		url, known := urlOf(out.Members[i])
 		if len(m.ClientURLs) == 0 || !known { // not started yet, or none of the cluster's pods
 			continue
 		}
-		wg.Go(func() {
-			mctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
-			defer cancel()
-			st, err := e.status(mctx, url)
-			if err != nil || st.Header.MemberId != m.ID { // someone else answers there: not this member
-				return
-			}
-			if len(st.Errors) > 0 {
-				alarmed.Store(true)
-			}
-			mem := &out.Members[i]
-			mem.Healthy = true
-			mem.Version = st.Version
-			mem.Revision = st.Header.Revision
-			mem.Leader = st.Leader == m.ID
-			mem.RaftIndex, mem.AppliedIndex = st.RaftIndex, st.RaftAppliedIndex
-			mem.DBSize, mem.DBSizeInUse, mem.DBSizeQuota = st.DbSize, st.DbSizeInUse, st.DbSizeQuota
-		})
-	}
-	wg.Wait()
-	for _, m := range out.Members {
-		if m.Leader {
-			out.HasLeader = true
+		urls[i] = url
+		if !slices.Contains(endpoints, url) && !slices.Contains(more, url) {
+			more = append(more, url)
 		}
+	}
+	for a := range asked { // the other members' answers, while the list was read
+		answers[a.url] = a.status
+	}
+	for a := range e.askStatus(ctx, more) {
+		answers[a.url] = a.status
+	}
+	alarmed := false
+	for i, m := range list.Members {
+		st := answers[urls[i]]
+		if urls[i] == "" || st == nil || st.Header.MemberId != m.ID { // someone else answers there: not this member
+			continue
+		}
+		alarmed = alarmed || len(st.Errors) > 0
+		mem := &out.Members[i]
+		mem.Healthy = true
+		mem.Version = st.Version
+		mem.Revision = st.Header.Revision
+		mem.Leader = st.Leader == m.ID
+		mem.RaftIndex, mem.AppliedIndex = st.RaftIndex, st.RaftAppliedIndex
+		mem.DBSize, mem.DBSizeInUse, mem.DBSizeQuota = st.DbSize, st.DbSizeInUse, st.DbSizeQuota
+		out.HasLeader = out.HasLeader || mem.Leader
 	}
 	// A member lists the alarms in its status errors; only then is the alarm list (a request
 	// through raft) read.
-	if alarmed.Load() {
-		resp, err := cli.AlarmList(ctx)
+	if alarmed {
+		err := e.do(ctx, []string{through}, func(ctx context.Context, cli *clientv3.Client) error {
+			resp, err := cli.AlarmList(ctx)
+			if err == nil {
+				for _, a := range resp.Alarms {
+					out.Alarms = append(out.Alarms, Alarm{MemberID: a.MemberID, Type: a.Alarm.String()})
+				}
+			}
+			return err
+		})
 		if err != nil {
-			release(err)
 			return Cluster{}, fmt.Errorf("%w: list alarms: %v", ErrNoQuorum, err)
 		}
-		for _, a := range resp.Alarms {
-			out.Alarms = append(out.Alarms, Alarm{MemberID: a.MemberID, Type: a.Alarm.String()})
-		}
 	}
-	release(nil)
 	slices.SortFunc(out.Members, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
-// status asks the member at url for its own status, through a client of its own: a client of
-// several endpoints would dial the member anew for it.
-func (e EtcdClient) status(ctx context.Context, url string) (*clientv3.StatusResponse, error) {
-	cli, release, err := e.connect(ctx, []string{url})
-	if err != nil {
-		return nil, err
+// memberStatus is a member's answer to a status request at url; nil if it did not answer.
+type memberStatus struct {
+	url    string
+	status *clientv3.StatusResponse
+}
+
+// askStatus asks each member at urls for its status, all at once, each with its own deadline: a
+// member that hangs (a crash-looping pod) must not make the ones asked after it look unhealthy.
+// The answers come as they arrive; the channel closes after the last.
+func (e EtcdClient) askStatus(ctx context.Context, urls []string) <-chan memberStatus {
+	out := make(chan memberStatus, len(urls))
+	var wg sync.WaitGroup
+	for _, url := range urls {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
+			defer cancel()
+			answer := memberStatus{url: url}
+			_ = e.do(ctx, []string{url}, func(ctx context.Context, cli *clientv3.Client) (err error) {
+				// The Maintenance client of cli's own connection: cli.Status(url) would dial anew.
+				answer.status, err = clientv3.NewMaintenanceFromMaintenanceClient(pb.NewMaintenanceClient(cli.ActiveConnection()), cli).Status(ctx, url)
+				return err
+			})
+			out <- answer
+		})
 	}
-	st, err := clientv3.NewMaintenanceFromMaintenanceClient(pb.NewMaintenanceClient(cli.ActiveConnection()), cli).Status(ctx, url)
-	release(err)
-	return st, err
+	go func() {
+		wg.Wait()
+		close(out)
+	}()
+	return out
 }
 
 func (e EtcdClient) timeout() time.Duration {

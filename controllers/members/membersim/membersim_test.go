@@ -232,8 +232,8 @@ func TestPooledClientsAreReusedUntilIdleOrUnanswered(t *testing.T) {
 			t.Fatalf("a later request opened %d connections, want 0", again)
 		}
 	}
-	if n := pool.Len(); n != 4 {
-		t.Errorf("the pool holds %d clients, want 4 (the cluster's and each member's)", n)
+	if n := pool.Len(); n != 3 {
+		t.Errorf("the pool holds %d clients, want 3 (one per member)", n)
 	}
 
 	sim.Freeze(types.NamespacedName{Namespace: "ns", Name: "kv"}, true)
