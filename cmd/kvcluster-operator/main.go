@@ -115,10 +115,10 @@ func main() {
 		// An OPERATOR_IMAGE left from an older manifest would keep Jobs on an old operator.
 		log.Info("WARNING: backup Jobs run the image --backup-image or OPERATOR_IMAGE gives, not the operator's own", "jobImage", jobs, "operatorImage", own)
 	}
-	// etcd clients stay open 20 s after their last request: across the reconciles of a cluster
+	// etcd clients stay open 10 s after their last request: across the reconciles of a cluster
 	// being created, upgraded or repaired (5 s apart), not between a healthy cluster's polls (a
 	// minute apart), which would hold every member's connection of every cluster for good.
-	etcd := members.EtcdClient{Timeout: *etcdTimeout, DialOptions: simulatedMembers(), Pool: members.NewPool(20 * time.Second)}
+	etcd := members.EtcdClient{Timeout: *etcdTimeout, DialOptions: simulatedMembers(), Pool: members.NewPool(10 * time.Second)}
 	r := &controllers.KVClusterReconciler{
 		Client:         mgr.GetClient(),
 		APIReader:      mgr.GetAPIReader(),

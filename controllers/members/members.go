@@ -297,7 +297,9 @@ func (e EtcdClient) askStatus(ctx context.Context, urls []string) <-chan memberS
 			defer cancel()
 			answer := memberStatus{url: url}
 			_ = e.do(ctx, []string{url}, func(ctx context.Context, cli *clientv3.Client) (err error) {
-				// The Maintenance client of cli's own connection: cli.Status(url) would dial anew.
+				// The Maintenance client of cli's own connection (cli.Status(url) would dial anew),
+				// with cli's call options (the answer's size bound); not retried: a member that
+				// does not answer at once is asked again on the next reconcile.
 				answer.status, err = clientv3.NewMaintenanceFromMaintenanceClient(pb.NewMaintenanceClient(cli.ActiveConnection()), cli).Status(ctx, url)
 				return err
 			})
@@ -343,7 +345,8 @@ func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.
 		}
 		return cli, func(error) { _ = cli.Close() }, nil
 	}
-	// A pooled client outlives the request: its own context, never the request's.
+	// A pooled client outlives the request: its own context, never the request's (the client
+	// connects when first asked; each request's context bounds it).
 	return e.Pool.acquire(endpoints, e.TLS, func() (*clientv3.Client, error) { return dial(context.Background()) })
 }
 
@@ -353,16 +356,15 @@ func (e EtcdClient) do(ctx context.Context, endpoints []string, f func(ctx conte
 }
 
 // doWithin is do for a request that may take longer than the timeout (which still bounds the dial).
-func (e EtcdClient) doWithin(ctx context.Context, within time.Duration, endpoints []string, f func(ctx context.Context, cli *clientv3.Client) error) error {
+func (e EtcdClient) doWithin(ctx context.Context, within time.Duration, endpoints []string, f func(ctx context.Context, cli *clientv3.Client) error) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, max(within, e.timeout()))
 	defer cancel()
 	cli, release, err := e.connect(ctx, endpoints)
 	if err != nil {
 		return err
 	}
-	err = f(ctx, cli)
-	release(err)
-	return err
+	defer func() { release(err) }()
+	return f(ctx, cli)
 }
 
 // MoveLeader must reach the leader itself, so its client has the leader's endpoint only.

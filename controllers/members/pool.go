@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 )
 
@@ -20,9 +21,13 @@ import (
 // created or upgraded is reconciled every few seconds), so those requests do not dial every
 // member again each time. A client unused for the idle time is closed: an idle fleet is asked
 // once a minute, and holding every member's connection between those polls would cost the
-// operator memory for each member of each cluster. A client whose request failed for want of an
-// answer is closed at once, so the next request dials afresh: a member restarted on another
-// address, or one that stopped answering, must not leave a dead connection in use.
+// operator memory for each member of each cluster. A client whose request went unanswered, or
+// whose connection is failing, leaves the pool at once (closed when its last user is done), so
+// the next request dials afresh: a member restarted elsewhere, or one that stopped answering, is
+// not asked on a dead connection or after gRPC's reconnection backoff.
+//
+// Clients are shared by endpoints and credentials only: every client in one pool must come from
+// one EtcdClient's settings (timeout, dial options).
 type Pool struct {
 	idle time.Duration
 
@@ -36,7 +41,7 @@ func NewPool(idle time.Duration) *Pool {
 }
 
 // poolKey names the clients that can be shared: the same endpoints, with the same client
-// certificate (a rotated certificate is a new client).
+// certificate (a renewed certificate is a new client).
 type poolKey struct {
 	endpoints   string
 	certificate [sha256.Size]byte
@@ -46,14 +51,15 @@ type pooled struct {
 	cli   *clientv3.Client
 	roots *x509.CertPool
 	users int
-	timer *time.Timer
-	// gone is set when the client left the pool while in use: its last user closes it.
+	// released counts the times the client became unused: an expiry timer closes it only if it
+	// has not been used since the timer was set.
+	released int
+	// gone is set when the client left the pool; its last user closes it.
 	gone, closed bool
 }
 
 func keyOf(endpoints []string, config *tls.Config) poolKey {
-	sorted := slices.Sorted(slices.Values(endpoints))
-	key := poolKey{endpoints: strings.Join(sorted, ",")}
+	key := poolKey{endpoints: strings.Join(slices.Sorted(slices.Values(endpoints)), ",")}
 	if config != nil {
 		h := sha256.New()
 		for _, c := range config.Certificates {
@@ -74,7 +80,8 @@ func rootsOf(config *tls.Config) *x509.CertPool {
 }
 
 // acquire returns a client for endpoints speaking with config, dialling one with dial if the
-// pool has none, and the function to call with the request's error when done with it.
+// pool has none it can hand out, and the function to call once with the request's error when
+// done with it.
 func (p *Pool) acquire(endpoints []string, config *tls.Config, dial func() (*clientv3.Client, error)) (*clientv3.Client, func(error), error) {
 	key := keyOf(endpoints, config)
 	if c := p.take(key, rootsOf(config)); c != nil {
@@ -95,71 +102,90 @@ func (p *Pool) acquire(endpoints []string, config *tls.Config, dial func() (*cli
 	return cli, p.releaser(key, c), nil
 }
 
-// take returns the pooled client for key, in use by one more, unless its CA differs from roots
-// (then it leaves the pool).
+// take returns the pooled client for key, in use by one more, unless it cannot serve: its CA
+// differs from roots, or its connection is failing (gRPC would wait out its reconnection
+// backoff, which grows to minutes, before sending anything).
 func (p *Pool) take(key poolKey, roots *x509.CertPool) *pooled {
+	var closing *clientv3.Client
+	defer func() { closeClient(closing) }()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c, ok := p.clients[key]
 	if !ok {
 		return nil
 	}
-	if !c.roots.Equal(roots) {
-		p.drop(key, c)
+	if state := c.cli.ActiveConnection().GetState(); !c.roots.Equal(roots) || state == connectivity.TransientFailure || state == connectivity.Shutdown {
+		closing = p.drop(key, c)
 		return nil
 	}
 	c.users++
-	if c.timer != nil {
-		c.timer.Stop()
-	}
 	return c
 }
 
 func (p *Pool) releaser(key poolKey, c *pooled) func(error) {
+	var once sync.Once
 	return func(err error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		c.users--
-		switch {
-		case unanswered(err) || c.gone:
-			p.drop(key, c)
-		case c.users == 0:
-			c.timer = time.AfterFunc(p.idle, func() { p.expire(key, c) })
-		}
+		once.Do(func() {
+			var closing *clientv3.Client
+			defer func() { closeClient(closing) }()
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			c.users--
+			switch {
+			case unanswered(err) || c.gone:
+				closing = p.drop(key, c)
+			case c.users == 0:
+				c.released++
+				released := c.released
+				time.AfterFunc(p.idle, func() { p.expire(key, c, released) })
+			}
+		})
 	}
 }
 
-// expire closes c if it is still unused.
-func (p *Pool) expire(key poolKey, c *pooled) {
+// expire closes c if it has not been used since it became unused for the released-th time.
+func (p *Pool) expire(key poolKey, c *pooled, released int) {
+	var closing *clientv3.Client
+	defer func() { closeClient(closing) }()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c.users == 0 {
-		p.drop(key, c)
+	if c.users == 0 && c.released == released {
+		closing = p.drop(key, c)
 	}
 }
 
-// drop takes c out of the pool, closing it unless in use (its last user closes it); with p.mu
-// held.
-func (p *Pool) drop(key poolKey, c *pooled) {
+// drop takes c out of the pool and returns its client if nobody uses it, for the caller to close
+// once p.mu is released (closing tears connections down, which must not hold up other requests);
+// with p.mu held.
+func (p *Pool) drop(key poolKey, c *pooled) *clientv3.Client {
 	if p.clients[key] == c {
 		delete(p.clients, key)
 	}
 	c.gone = true
-	if c.users == 0 && !c.closed {
-		c.closed = true
-		_ = c.cli.Close()
+	if c.users > 0 || c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.cli
+}
+
+func closeClient(cli *clientv3.Client) {
+	if cli != nil {
+		_ = cli.Close()
 	}
 }
 
-// Len is the number of clients the pool holds open.
+// Len is the number of clients the pool holds.
 func (p *Pool) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.clients)
 }
 
-// unanswered reports whether err says the connection did not carry an answer (a deadline, a
-// member gone or unreachable), as opposed to etcd answering with a refusal.
+// unanswered reports whether err says the connection carried no answer (a deadline, a member gone
+// or unreachable), as opposed to etcd answering with a refusal (etcd's own errors, such as a
+// learner not ready, keep the client). A deadline used up by earlier requests of the same
+// reconcile also counts: the client is dialled again, which costs a dial, nothing else.
 func unanswered(err error) bool {
 	if err == nil {
 		return false

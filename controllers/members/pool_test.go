@@ -1,11 +1,16 @@
 package members
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 )
@@ -77,5 +82,112 @@ func TestAPooledClientIsSharedOnlyWithTheSameEndpointsAndCredentials(t *testing.
 				t.Errorf("dialled %d times: shared %v, want %v", dials, shared, tc.shared)
 			}
 		})
+	}
+}
+
+// idleClient is a client of a member that is never asked: it connects only when asked.
+func idleClient(t *testing.T) (*clientv3.Client, error) {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}})
+	if err == nil {
+		t.Cleanup(func() { _ = cli.Close() })
+	}
+	return cli, err
+}
+
+func closed(cli *clientv3.Client) bool {
+	return cli.ActiveConnection().GetState() == connectivity.Shutdown
+}
+
+// A client is closed once unused for the idle time, or at once when a request on it went
+// unanswered, but never while another request still uses it; etcd's refusals keep it.
+func TestPooledClientsCloseOnlyWhenNobodyUsesThem(t *testing.T) {
+	endpoints := []string{"http://kv-0:2379"}
+	acquire := func(pool *Pool) (*clientv3.Client, func(error)) {
+		t.Helper()
+		cli, release, err := pool.acquire(endpoints, nil, func() (*clientv3.Client, error) { return idleClient(t) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cli, release
+	}
+	unanswered := status.Error(codes.Unavailable, "connection refused")
+	refused := errors.New("etcdserver: can only promote a learner member which is in sync with leader")
+
+	pool := NewPool(time.Hour)
+	a, releaseA := acquire(pool)
+	b, releaseB := acquire(pool)
+	if a != b {
+		t.Fatal("two requests at once got two clients, want one shared")
+	}
+	releaseA(unanswered)
+	if closed(a) {
+		t.Fatal("closed while another request still used it")
+	}
+	c, releaseC := acquire(pool)
+	if c == a {
+		t.Fatal("a client whose request went unanswered was handed out again")
+	}
+	releaseB(nil)
+	if !closed(a) {
+		t.Error("not closed when its last user was done")
+	}
+	releaseC(refused)
+	if again, release := acquire(pool); again != c {
+		t.Error("a client etcd answered with a refusal was not handed out again")
+	} else {
+		release(nil)
+		release(unanswered) // a second call changes nothing
+	}
+	if pool.Len() != 1 {
+		t.Errorf("the pool holds %d clients, want 1", pool.Len())
+	}
+
+	pool = NewPool(20 * time.Millisecond)
+	d, releaseD := acquire(pool)
+	releaseD(nil)
+	e, releaseE := acquire(pool) // used again before the idle time ends
+	time.Sleep(60 * time.Millisecond)
+	if d != e || closed(e) {
+		t.Fatal("closed while in use, after the idle time of an earlier use")
+	}
+	releaseE(nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for !closed(e) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !closed(e) || pool.Len() != 0 {
+		t.Errorf("unused for the idle time: closed %v, %d clients in the pool; want closed, none", closed(e), pool.Len())
+	}
+}
+
+// A client whose connection is failing is not handed out again: gRPC would hold its requests
+// through its reconnection backoff, which grows to minutes.
+func TestAPooledClientWithAFailingConnectionIsNotHandedOut(t *testing.T) {
+	pool := NewPool(time.Hour)
+	endpoints := []string{"http://127.0.0.1:1"} // nothing listens there
+	dial := func() (*clientv3.Client, error) { return idleClient(t) }
+	cli, release, err := pool.acquire(endpoints, nil, dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, _ = cli.MemberList(ctx)
+	release(nil) // as if its error had been etcd's own
+	deadline := time.Now().Add(5 * time.Second)
+	for cli.ActiveConnection().GetState() != connectivity.TransientFailure && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	again, release, err := pool.acquire(endpoints, nil, dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release(nil)
+	if again == cli {
+		t.Errorf("a client in %s was handed out again", cli.ActiveConnection().GetState())
+	}
+	if !closed(cli) {
+		t.Error("the failing client was not closed")
 	}
 }
