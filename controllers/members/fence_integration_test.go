@@ -25,7 +25,8 @@ func TestFencedWritesAndTheAlarmsARestoreInherits(t *testing.T) {
 	etcd := backuptest.RequireBinary(t, "KVC_ETCD_DIR", "etcd")
 	etcdutl := backuptest.RequireBinary(t, "KVC_ETCD_DIR", "etcdutl")
 	ctx := context.Background()
-	e := EtcdClient{Timeout: 5 * time.Second}
+	// Pooled, as the operator asks: the same clients serve request after request.
+	e := EtcdClient{Timeout: 5 * time.Second, Pool: NewPool(time.Minute)}
 	self := func(url string) func(Member) (string, bool) { return func(Member) (string, bool) { return url, true } }
 
 	source := backuptest.StartEtcd(t, etcd, t.TempDir(), "source")
