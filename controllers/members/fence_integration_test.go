@@ -26,7 +26,7 @@ func TestFencedWritesAndTheAlarmsARestoreInherits(t *testing.T) {
 	etcdutl := backuptest.RequireBinary(t, "KVC_ETCD_DIR", "etcdutl")
 	ctx := context.Background()
 	// Pooled, as the operator asks: the same clients serve request after request.
-	e := EtcdClient{Timeout: 5 * time.Second, Pool: NewPool(time.Minute)}
+	e := EtcdClient{Timeout: 5 * time.Second, Pool: NewPool(time.Minute, 10)}
 	self := func(url string) func(Member) (string, bool) { return func(Member) (string, bool) { return url, true } }
 
 	source := backuptest.StartEtcd(t, etcd, t.TempDir(), "source")

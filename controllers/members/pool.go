@@ -26,18 +26,26 @@ import (
 // the next request dials afresh: a member restarted elsewhere, or one that stopped answering, is
 // not asked on a dead connection or after gRPC's reconnection backoff.
 //
+// At most maxUnused clients are kept unused: a fleet's burst of work (a thousand clusters created
+// at once) would otherwise hold every member's connection for the idle time; past the bound, the
+// client unused for longest is closed.
+//
 // Clients are shared by endpoints and credentials only: every client in one pool must come from
 // one EtcdClient's settings (timeout, dial options).
 type Pool struct {
-	idle time.Duration
+	idle      time.Duration
+	maxUnused int
 
 	mu      sync.Mutex
 	clients map[poolKey]*pooled
+	// unused counts the clients in the pool that no request uses; releases orders their releases.
+	unused, releases int
 }
 
-// NewPool returns a pool that closes a client once it has been unused for idle.
-func NewPool(idle time.Duration) *Pool {
-	return &Pool{idle: idle, clients: map[poolKey]*pooled{}}
+// NewPool returns a pool that closes a client once it has been unused for idle, and keeps at most
+// maxUnused clients unused.
+func NewPool(idle time.Duration, maxUnused int) *Pool {
+	return &Pool{idle: idle, maxUnused: maxUnused, clients: map[poolKey]*pooled{}}
 }
 
 // poolKey names the clients that can be shared: the same endpoints, with the same client
@@ -51,8 +59,9 @@ type pooled struct {
 	cli   *clientv3.Client
 	roots *x509.CertPool
 	users int
-	// released counts the times the client became unused: an expiry timer closes it only if it
-	// has not been used since the timer was set.
+	// released is the pool's count of releases when the client last became unused: an expiry
+	// timer closes it only if it has not been used since the timer was set, and past maxUnused the
+	// lowest goes first.
 	released int
 	// gone is set when the client left the pool; its last user closes it.
 	gone, closed bool
@@ -118,6 +127,9 @@ func (p *Pool) take(key poolKey, roots *x509.CertPool) *pooled {
 		closing = p.drop(key, c)
 		return nil
 	}
+	if c.users == 0 {
+		p.unused--
+	}
 	c.users++
 	return c
 }
@@ -131,16 +143,39 @@ func (p *Pool) releaser(key poolKey, c *pooled) func(error) {
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			c.users--
+			if c.users == 0 && p.clients[key] == c {
+				p.unused++
+			}
 			switch {
 			case unanswered(err) || c.gone:
 				closing = p.drop(key, c)
 			case c.users == 0:
-				c.released++
+				p.releases++
+				c.released = p.releases
 				released := c.released
 				time.AfterFunc(p.idle, func() { p.expire(key, c, released) })
+				if p.unused > p.maxUnused {
+					closing = p.dropLongestUnused()
+				}
 			}
 		})
 	}
+}
+
+// dropLongestUnused drops the client unused for longest and returns it to be closed; with p.mu
+// held. A scan: the pool holds at most maxUnused clients and those in use.
+func (p *Pool) dropLongestUnused() *clientv3.Client {
+	var oldestKey poolKey
+	var oldest *pooled
+	for key, c := range p.clients {
+		if c.users == 0 && (oldest == nil || c.released < oldest.released) {
+			oldestKey, oldest = key, c
+		}
+	}
+	if oldest == nil {
+		return nil
+	}
+	return p.drop(oldestKey, oldest)
 }
 
 // expire closes c if it has not been used since it became unused for the released-th time.
@@ -160,6 +195,9 @@ func (p *Pool) expire(key poolKey, c *pooled, released int) {
 func (p *Pool) drop(key poolKey, c *pooled) *clientv3.Client {
 	if p.clients[key] == c {
 		delete(p.clients, key)
+		if c.users == 0 {
+			p.unused--
+		}
 	}
 	c.gone = true
 	if c.users > 0 || c.closed {

@@ -59,7 +59,7 @@ func TestAPooledClientIsSharedOnlyWithTheSameEndpointsAndCredentials(t *testing.
 		{"plaintext", endpoints, nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := NewPool(time.Hour)
+			pool := NewPool(time.Hour, 10)
 			dials := 0
 			dial := func(eps []string, config *tls.Config) func() (*clientv3.Client, error) {
 				return func() (*clientv3.Client, error) {
@@ -114,7 +114,7 @@ func TestPooledClientsCloseOnlyWhenNobodyUsesThem(t *testing.T) {
 	unanswered := status.Error(codes.Unavailable, "connection refused")
 	refused := errors.New("etcdserver: can only promote a learner member which is in sync with leader")
 
-	pool := NewPool(time.Hour)
+	pool := NewPool(time.Hour, 10)
 	a, releaseA := acquire(pool)
 	b, releaseB := acquire(pool)
 	if a != b {
@@ -143,7 +143,7 @@ func TestPooledClientsCloseOnlyWhenNobodyUsesThem(t *testing.T) {
 		t.Errorf("the pool holds %d clients, want 1", pool.Len())
 	}
 
-	pool = NewPool(20 * time.Millisecond)
+	pool = NewPool(20*time.Millisecond, 10)
 	d, releaseD := acquire(pool)
 	releaseD(nil)
 	e, releaseE := acquire(pool) // used again before the idle time ends
@@ -161,10 +161,42 @@ func TestPooledClientsCloseOnlyWhenNobodyUsesThem(t *testing.T) {
 	}
 }
 
+// Past maxUnused unused clients, the one unused for longest is closed; those in use are not.
+func TestThePoolKeepsAtMostMaxUnusedClients(t *testing.T) {
+	pool := NewPool(time.Hour, 2)
+	acquire := func(member string) (*clientv3.Client, func(error)) {
+		t.Helper()
+		cli, release, err := pool.acquire([]string{member}, nil, func() (*clientv3.Client, error) { return idleClient(t) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cli, release
+	}
+	inUse, _ := acquire("http://kv-0:2379")
+	first, releaseFirst := acquire("http://kv-1:2379")
+	second, releaseSecond := acquire("http://kv-2:2379")
+	third, releaseThird := acquire("http://kv-3:2379")
+	releaseFirst(nil)
+	releaseSecond(nil)
+	if again, release := acquire("http://kv-1:2379"); again != first { // first is now the latest used
+		t.Fatal("an unused client within the bound was not handed out again")
+	} else {
+		release(nil)
+	}
+	releaseThird(nil)
+	if !closed(second) || closed(first) || closed(third) || closed(inUse) {
+		t.Errorf("three unused, bound two: closed first %v, second %v, third %v, in use %v; want only the second (unused for longest)",
+			closed(first), closed(second), closed(third), closed(inUse))
+	}
+	if pool.Len() != 3 {
+		t.Errorf("the pool holds %d clients, want 3 (two unused, one in use)", pool.Len())
+	}
+}
+
 // A client whose connection is failing is not handed out again: gRPC would hold its requests
 // through its reconnection backoff, which grows to minutes.
 func TestAPooledClientWithAFailingConnectionIsNotHandedOut(t *testing.T) {
-	pool := NewPool(time.Hour)
+	pool := NewPool(time.Hour, 10)
 	endpoints := []string{"http://127.0.0.1:1"} // nothing listens there
 	dial := func() (*clientv3.Client, error) { return idleClient(t) }
 	cli, release, err := pool.acquire(endpoints, nil, dial)

@@ -20,7 +20,7 @@ func TestFreeingSpaceAfterNoSpace(t *testing.T) {
 	etcd := backuptest.RequireBinary(t, "KVC_ETCD_DIR", "etcd")
 	ctx := context.Background()
 	// Pooled, as the operator asks: the same clients serve request after request.
-	e := EtcdClient{Timeout: 5 * time.Second, Pool: NewPool(time.Minute)}
+	e := EtcdClient{Timeout: 5 * time.Second, Pool: NewPool(time.Minute, 10)}
 	const quota = 8 << 20
 	url := backuptest.StartEtcd(t, etcd, t.TempDir(), "full", "--quota-backend-bytes=8388608")
 	self := func(Member) (string, bool) { return url, true }

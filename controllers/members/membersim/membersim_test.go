@@ -221,7 +221,7 @@ func TestPooledClientsAreReusedUntilIdleOrUnanswered(t *testing.T) {
 		t.Fatalf("without a pool: %d and %d connections, want the same number each time", first, second)
 	}
 
-	pool := members.NewPool(time.Hour)
+	pool := members.NewPool(time.Hour, 10)
 	pooled := unpooled
 	pooled.Pool = pool
 	if first := ask(pooled); first == 0 {
@@ -245,7 +245,7 @@ func TestPooledClientsAreReusedUntilIdleOrUnanswered(t *testing.T) {
 		t.Error("after an unanswered request the pooled connections were used again, want new ones")
 	}
 
-	pooled.Pool = members.NewPool(50 * time.Millisecond)
+	pooled.Pool = members.NewPool(50*time.Millisecond, 10)
 	ask(pooled)
 	deadline := time.Now().Add(5 * time.Second)
 	for pooled.Pool.Len() > 0 && time.Now().Before(deadline) {
