@@ -118,8 +118,8 @@ func main() {
 	// etcd clients stay open 10 s after their last request: across the reconciles of a cluster
 	// being created, upgraded or repaired (5 s apart), not between a healthy cluster's polls (a
 	// minute apart), which would hold every member's connection of every cluster for good. At most
-	// 256 unused (an open client holds about 15 KiB of heap: BenchmarkAnOpenClient): enough for a
-	// burst of 85 3-member clusters; a larger burst dials again rather than grow the memory.
+	// 256 unused (an open client of one member holds about 30 KiB of heap: BenchmarkAnOpenClient),
+	// 85 3-member clusters' worth; a larger burst dials again rather than grow the memory.
 	etcd := members.EtcdClient{Timeout: *etcdTimeout, DialOptions: simulatedMembers(), Pool: members.NewPool(10*time.Second, 256)}
 	r := &controllers.KVClusterReconciler{
 		Client:         mgr.GetClient(),

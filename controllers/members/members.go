@@ -184,7 +184,7 @@ type EtcdClient struct {
 	// DialOptions are added to every connection's (the fleet benchmark routes them to simulated
 	// members).
 	DialOptions []grpc.DialOption
-	// Pool keeps clients open between requests; nil: a client per request.
+	// Pool keeps clients of one member open between requests; nil: a client per request.
 	Pool *Pool
 }
 
@@ -194,34 +194,41 @@ func (e EtcdClient) WithTLS(config *tls.Config) Client {
 	return e
 }
 
-// Cluster asks each member at endpoints for its own status and, through the first that answers,
-// lists the members with a linearizable request (which only a quorum can answer). Every request
-// goes through a client of one member: the list goes through a connection that just carried an
-// answer, where a client of several endpoints could route it to a member that stopped answering
-// since its connection was made.
+// Cluster asks each member at endpoints for its own status and, through the first voting member
+// with a leader that answers, lists the members with a linearizable request (which only a quorum
+// can answer; etcd refuses it on a learner, and a member without a leader would hold it until its
+// deadline); if that member does not list them in time, the next one that answered is asked.
+// Every request goes through a client of one member: the list goes through a connection that just
+// carried an answer, where a client of several endpoints could route it to a member that stopped
+// answering since its connection was made.
 func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(Member) (string, bool)) (Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout())
 	defer cancel()
 	asked := e.askStatus(ctx, endpoints)
 	answers := map[string]*clientv3.StatusResponse{}
 	through := ""
+	var list *clientv3.MemberListResponse
+	var listErr error
 	for a := range asked {
-		if a.status != nil {
-			answers[a.url] = a.status
-			through = a.url
+		if a.status == nil {
+			continue
+		}
+		answers[a.url] = a.status
+		if a.status.IsLearner || a.status.Leader == 0 {
+			continue
+		}
+		through = a.url
+		if list, listErr = e.memberList(ctx, through); listErr == nil {
 			break
 		}
 	}
-	if through == "" {
+	switch {
+	case len(answers) == 0:
 		return Cluster{}, fmt.Errorf("%w: no member answered at %s", ErrNoQuorum, strings.Join(endpoints, ","))
-	}
-	var list *clientv3.MemberListResponse
-	err := e.do(ctx, []string{through}, func(ctx context.Context, cli *clientv3.Client) (err error) {
-		list, err = cli.MemberList(ctx)
-		return err
-	})
-	if err != nil {
-		return Cluster{}, fmt.Errorf("%w: %v", ErrNoQuorum, err)
+	case through == "":
+		return Cluster{}, fmt.Errorf("%w: no voting member with a leader answered at %s", ErrNoQuorum, strings.Join(endpoints, ","))
+	case listErr != nil:
+		return Cluster{}, fmt.Errorf("%w: %v", ErrNoQuorum, listErr)
 	}
 	out := Cluster{Members: make([]Member, len(list.Members))}
 	urls := make([]string, len(list.Members))
@@ -279,6 +286,26 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 	return out, nil
 }
 
+// memberList lists the members through the member at url, within memberStatusTimeout: a member
+// cut off from the others may still believe in its leader, and another is left to ask.
+func (e EtcdClient) memberList(ctx context.Context, url string) (list *clientv3.MemberListResponse, err error) {
+	ctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
+	defer cancel()
+	err = e.do(ctx, []string{url}, func(ctx context.Context, cli *clientv3.Client) error {
+		list, err = cli.MemberList(ctx)
+		return err
+	})
+	return list, err
+}
+
+// statusOf asks the member at url, which cli's connection reaches, for its status: through the
+// Maintenance client of that connection (cli.Status(url) would dial anew), with cli's call
+// options (the answer's size bound); not retried: a member that does not answer at once is asked
+// again on the next reconcile.
+func statusOf(ctx context.Context, cli *clientv3.Client, url string) (*clientv3.StatusResponse, error) {
+	return clientv3.NewMaintenanceFromMaintenanceClient(pb.NewMaintenanceClient(cli.ActiveConnection()), cli).Status(ctx, url)
+}
+
 // memberStatus is a member's answer to a status request at url; nil if it did not answer.
 type memberStatus struct {
 	url    string
@@ -289,6 +316,7 @@ type memberStatus struct {
 // member that hangs (a crash-looping pod) must not make the ones asked after it look unhealthy.
 // The answers come as they arrive; the channel closes after the last.
 func (e EtcdClient) askStatus(ctx context.Context, urls []string) <-chan memberStatus {
+	urls = slices.Compact(slices.Sorted(slices.Values(urls))) // a member asked twice would answer twice
 	out := make(chan memberStatus, len(urls))
 	var wg sync.WaitGroup
 	for _, url := range urls {
@@ -297,10 +325,7 @@ func (e EtcdClient) askStatus(ctx context.Context, urls []string) <-chan memberS
 			defer cancel()
 			answer := memberStatus{url: url}
 			_ = e.do(ctx, []string{url}, func(ctx context.Context, cli *clientv3.Client) (err error) {
-				// The Maintenance client of cli's own connection (cli.Status(url) would dial anew),
-				// with cli's call options (the answer's size bound); not retried: a member that
-				// does not answer at once is asked again on the next reconcile.
-				answer.status, err = clientv3.NewMaintenanceFromMaintenanceClient(pb.NewMaintenanceClient(cli.ActiveConnection()), cli).Status(ctx, url)
+				answer.status, err = statusOf(ctx, cli, url)
 				return err
 			})
 			out <- answer
@@ -338,7 +363,10 @@ func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.
 		}
 		return cli, nil
 	}
-	if e.Pool == nil {
+	// Only clients of one member are pooled: those ask every member for its status on each look.
+	// A client of several (membership changes, fencing) serves a rare request and would hold a
+	// connection to each.
+	if e.Pool == nil || len(endpoints) != 1 {
 		cli, err := dial(ctx)
 		if err != nil {
 			return nil, nil, err

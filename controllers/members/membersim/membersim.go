@@ -415,8 +415,20 @@ func (k *call) memberList() []*pb.Member {
 	return out
 }
 
-// with runs f for a request, turning a failure to begin into the answer.
+// with runs f for a request that a learner refuses, as etcd does every request but Status and
+// serializable reads, turning a failure to begin into the answer.
 func with[R any](ctx context.Context, s *Sim, f func(k *call) (R, error)) (R, error) {
+	return withLearners(ctx, s, func(k *call) (R, error) {
+		if k.self.learner {
+			var zero R
+			return zero, rpctypes.ErrGRPCNotSupportedForLearner
+		}
+		return f(k)
+	})
+}
+
+// withLearners runs f for a request that a learner answers too.
+func withLearners[R any](ctx context.Context, s *Sim, f func(k *call) (R, error)) (R, error) {
 	k, err := s.begin(ctx)
 	if err != nil {
 		var zero R
@@ -520,7 +532,7 @@ type maintenanceAPI struct {
 }
 
 func (a maintenanceAPI) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
-	return with(ctx, a.s, func(k *call) (*pb.StatusResponse, error) {
+	return withLearners(ctx, a.s, func(k *call) (*pb.StatusResponse, error) {
 		resp := &pb.StatusResponse{Header: k.header(), Version: podVersion(k.pod), DbSize: dbSize, DbSizeInUse: dbSize, DbSizeQuota: dbQuota,
 			Leader: k.c.leader, RaftIndex: 1000, RaftAppliedIndex: 1000, RaftTerm: k.c.term, IsLearner: k.self.learner}
 		for _, al := range k.c.alarms {
