@@ -214,8 +214,8 @@ func (e EtcdClient) Cluster(ctx context.Context, endpoints []string, urlOf func(
 			continue
 		}
 		answers[a.url] = a.status
-		if a.status.IsLearner || a.status.Leader == 0 {
-			continue
+		if a.status.IsLearner || a.status.Leader == 0 || (listErr != nil && ctx.Err() != nil) {
+			continue // past the deadline, another member would not be asked, only dropped from the pool
 		}
 		through = a.url
 		if list, listErr = e.memberList(ctx, through); listErr == nil {
