@@ -2,14 +2,12 @@ package members
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	"google.golang.org/grpc"
 )
 
 // scriptedMember is one member of a two-member cluster (IDs 1 and 2, 1 the leader) that answers
@@ -51,17 +49,8 @@ func serveScripted(t *testing.T, ms ...*scriptedMember) {
 	t.Helper()
 	urls := map[uint64]string{}
 	for _, m := range ms {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.url = "http://" + l.Addr().String()
+		m.url = serveMember(t, m)
 		urls[m.id] = m.url
-		s := grpc.NewServer()
-		pb.RegisterClusterServer(s, m)
-		pb.RegisterMaintenanceServer(s, m)
-		go func() { _ = s.Serve(l) }()
-		t.Cleanup(s.Stop)
 	}
 	for _, m := range ms {
 		m.urls = urls
@@ -95,5 +84,23 @@ func TestTheMemberListIsReadThroughAVoterThatLists(t *testing.T) {
 				t.Errorf("the voter listed the members %d times, want 2", n)
 			}
 		})
+	}
+}
+
+// Once the deadline has passed, a voter that answered is not asked for the list: the request
+// would fail before it left, and its pooled client would be dropped as if the member had not
+// answered.
+func TestNoMemberIsAskedForTheListPastTheDeadline(t *testing.T) {
+	cutOff, voter := &scriptedMember{id: 2, listHangs: true}, &scriptedMember{id: 1, statusAfter: 300 * time.Millisecond}
+	serveScripted(t, cutOff, voter)
+	pool := NewPool(time.Minute, 10)
+	// The whole look gets less than one list attempt's 2 s: the cut-off member's uses it up.
+	e := EtcdClient{Timeout: time.Second, Pool: pool}
+	if _, err := e.Cluster(context.Background(), []string{cutOff.url, voter.url}, func(m Member) (string, bool) { return cutOff.urls[m.ID], true }); err == nil {
+		t.Fatal("the list came through a member cut off from the others")
+	}
+	// The cut-off member's client went unanswered and left the pool; the voter's answered its status.
+	if n := pool.Len(); n != 1 {
+		t.Errorf("the pool holds %d clients after the deadline, want 1 (the voter's)", n)
 	}
 }

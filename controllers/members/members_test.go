@@ -41,16 +41,28 @@ func (h *hostileEtcd) Status(context.Context, *pb.StatusRequest) (*pb.StatusResp
 
 func serve(t *testing.T, h *hostileEtcd) {
 	t.Helper()
+	h.url = serveMember(t, h)
+}
+
+// fakeMember is a stand-in for an etcd member: its cluster and maintenance APIs.
+type fakeMember interface {
+	pb.ClusterServer
+	pb.MaintenanceServer
+}
+
+// serveMember serves m on a loopback port until the test ends and returns its client URL.
+func serveMember(t *testing.T, m fakeMember) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.url = "http://" + l.Addr().String()
 	s := grpc.NewServer(grpc.MaxSendMsgSize(64 << 20))
-	pb.RegisterClusterServer(s, h)
-	pb.RegisterMaintenanceServer(s, h)
+	pb.RegisterClusterServer(s, m)
+	pb.RegisterMaintenanceServer(s, m)
 	go func() { _ = s.Serve(l) }()
 	t.Cleanup(s.Stop)
+	return "http://" + l.Addr().String()
 }
 
 // connectionCounter is a listener that only counts who connects.
