@@ -444,6 +444,10 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	var err error
 	if obs.NamespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
 		return nil, obs, nil, err
+	} else if obs.NamespaceGone {
+		// Everything in it is going and no Job can start there: nothing more is needed from it.
+		// Nor could it be read: the Roles of an install that watches some namespaces go with it.
+		return kvc, obs, r.Members, nil
 	}
 	var guard corev1.ConfigMap
 	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {

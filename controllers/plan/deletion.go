@@ -203,7 +203,8 @@ func Deletion(kvc *kvv1.KVCluster, obs DeletionObservation, now time.Time, cfg C
 		}
 	}
 	p.Status, p.Done = d.status, true
-	p.DeleteGuard, p.OrphanGuard = !obs.Orphaning, obs.Orphaning && obs.Guard != ""
+	// In a namespace being deleted the guard goes with everything else.
+	p.DeleteGuard, p.OrphanGuard = !obs.Orphaning && !obs.NamespaceGone, obs.Orphaning && obs.Guard != ""
 	return p
 }
 

@@ -149,7 +149,14 @@ func TestTheDeletionSteps(t *testing.T) {
 			}},
 		{name: "a deleted namespace cannot be protected: the loss is counted as such", kvc: deleted(),
 			obs: with(func(o *DeletionObservation) { o.NamespaceGone = true }), now: t0,
-			wantSteps: "Drain=Skipped FinalBackup=Failed", wantEvents: ReasonFinalBackupFailed, wantLost: "namespace_deleted", wantDone: true},
+			wantSteps: "Drain=Skipped FinalBackup=Failed", wantEvents: ReasonFinalBackupFailed, wantLost: "namespace_deleted", wantDone: true,
+			check: func(t *testing.T, p DeletionPass) {
+				// It goes with the namespace; the operator may not even be allowed to delete it any
+				// more (the Roles of a namespaced install go first).
+				if p.DeleteGuard || p.OrphanGuard {
+					t.Errorf("delete guard %t, orphan guard %t; want it left to the namespace's deletion", p.DeleteGuard, p.OrphanGuard)
+				}
+			}},
 		{name: "a Job refused by a terminating namespace fails at once", kvc: deleted(fenced),
 			obs: with(func(o *DeletionObservation) { o.Acted.Started = map[string]error{"kv-final": terminating} }),
 			now: t0.Add(20 * time.Second), wantSteps: "Drain=Succeeded FinalBackup=Failed", wantEvents: ReasonFinalBackupFailed, wantLost: "failed", wantDone: true},
