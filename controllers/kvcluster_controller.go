@@ -58,8 +58,9 @@ type KVClusterReconciler struct {
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
 // its own), not every Pod, Job or StatefulSet of the Kubernetes cluster. Of Pods, claims and Jobs
 // it keeps no managed fields: the operator compares what it owns (Extract) only of the objects it
-// applies whole (applyOwned), and who manages which field is a large part of a Pod.
-func CacheOptions() cache.Options {
+// applies whole (applyOwned), and who manages which field is a large part of a Pod. Given
+// namespaces, it watches only those (an install whose Roles grant nothing elsewhere); none: all.
+func CacheOptions(namespaces ...string) cache.Options {
 	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
 	options := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&appsv1.StatefulSet{}:           owned,
@@ -69,6 +70,12 @@ func CacheOptions() cache.Options {
 		&corev1.ConfigMap{}:             owned,
 		&corev1.Secret{}:                owned,
 	}}
+	if len(namespaces) > 0 {
+		options.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range namespaces {
+			options.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
 	withoutManagedFields := owned
 	withoutManagedFields.Transform = cache.TransformStripManagedFields()
 	for _, o := range notComparedKinds() {

@@ -14,9 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -88,12 +90,18 @@ func startManager(t *testing.T, etcd members.Client) { startManagerWith(t, etcd,
 
 func startManagerWith(t *testing.T, etcd members.Client, workers int) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(operatorConfig, ctrl.Options{
+	startManagerAs(t, operatorConfig, CacheOptions(), etcd, workers)
+}
+
+// startManagerAs runs the reconciler in a real manager as the user cfg impersonates.
+func startManagerAs(t *testing.T, cfg *rest.Config, cache cache.Options, etcd members.Client, workers int) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Client:                 client.Options{FieldOwner: specs.FieldManager},
-		Cache:                  CacheOptions(),
+		Cache:                  cache,
 		// Each test starts its own manager with the same controller name.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})

@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
@@ -35,12 +36,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/backup/backuptest"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+	"github.com/kvcluster/kvcluster-operator/deploy"
 )
 
 // The envtest suite runs a real kube-apiserver and etcd (no kubelet, no controllers): what the
@@ -64,27 +65,69 @@ func asOperator(admin *rest.Config) (*rest.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(filepath.Join("..", "deploy", "rbac", "role.yaml"))
+	role, err := deploy.OperatorRole()
 	if err != nil {
 		return nil, err
-	}
-	var role rbacv1.ClusterRole
-	if err := yaml.UnmarshalStrict(data, &role); err != nil {
-		return nil, fmt.Errorf("deploy/rbac/role.yaml: %w", err)
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "kvcluster-operator", Namespace: "kvcluster-system"}},
 	}
-	for _, obj := range []client.Object{&role, binding} {
+	for _, obj := range []client.Object{role, binding} {
 		if err := c.Create(context.Background(), obj); err != nil {
 			return nil, err
 		}
 	}
+	return impersonating(admin, operatorUser), nil
+}
+
+func impersonating(admin *rest.Config, user string) *rest.Config {
 	cfg := rest.CopyConfig(admin)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: operatorUser}
-	return cfg, nil
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	return cfg
+}
+
+// asNamespacedOperator grants a new ServiceAccount, in installNamespace, what a namespaced
+// install grants the operator (deploy.NamespacedRules: the chart's watchNamespaces): a ClusterRole
+// for its own kind and namespaces, a Role in each watched namespace for the rest. It returns a
+// configuration that impersonates that ServiceAccount.
+func asNamespacedOperator(t *testing.T, installNamespace string, watched ...string) *rest.Config {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := client.New(restConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role, err := deploy.OperatorRole()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusterRules, namespacedRules := deploy.NamespacedRules(role.Rules)
+	sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "kvcluster-operator", Namespace: installNamespace}
+	name := "kvcluster-operator-" + installNamespace
+	objs := []client.Object{
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: clusterRules},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name}, Subjects: []rbacv1.Subject{sa},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}},
+	}
+	for _, ns := range watched {
+		objs = append(objs,
+			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}, Rules: namespacedRules},
+			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}, Subjects: []rbacv1.Subject{sa},
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "kvcluster-operator"}})
+	}
+	for _, obj := range objs {
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, obj := range objs[:2] {
+			_ = admin.Delete(ctx, obj)
+		}
+	})
+	return impersonating(restConfig, serviceaccount.MakeUsername(installNamespace, "kvcluster-operator"))
 }
 
 func TestMain(m *testing.M) {
@@ -394,13 +437,16 @@ type harness struct {
 
 // newHarness: the test's own client is an administrator (it plays the kubelet and the other
 // controllers); the reconciler's client has only the operator's permissions.
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T) *harness { return newHarnessAs(t, operatorConfig) }
+
+// newHarnessAs drives a reconciler that acts with the permissions of the user asOperator gives.
+func newHarnessAs(t *testing.T, asOperator *rest.Config) *harness {
 	t.Helper()
 	c, err := client.New(restConfig, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := client.NewWithWatch(operatorConfig, client.Options{Scheme: scheme})
+	op, err := client.NewWithWatch(asOperator, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -30,7 +31,7 @@ var helmLabels = []string{"app.kubernetes.io/instance", "app.kubernetes.io/manag
 
 func TestChartLints(t *testing.T) {
 	helm := backuptest.RequireBinary(t, "KVC_HELM_DIR", "helm")
-	for _, set := range [][]string{nil, allMonitoring} {
+	for _, set := range [][]string{nil, allMonitoring, {"watchNamespaces={team-a,team-b}"}} {
 		args := append([]string{"lint", "--strict", chartDir}, setArgs(set)...)
 		if out, err := exec.Command(helm, args...).CombinedOutput(); err != nil {
 			t.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -198,6 +199,58 @@ func TestChartValues(t *testing.T) {
 		set:     []string{"extraArgs={etcd-timeout=3s}"},
 		refused: "at '/extraArgs/0': 'etcd-timeout=3s' does not match pattern",
 	}, {
+		name: "watching some namespaces: a Role in each, cluster-wide only KVClusters, namespaces and reviews",
+		set:  []string{"watchNamespaces={team-a,team-b}", "monitoring.podMonitor.enabled=true"},
+		check: func(t *testing.T, rendered []byte) {
+			role, err := OperatorRole()
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCluster, wantNamespaced := NamespacedRules(role.Rules)
+			objects := objectsByKey(t, rendered)
+			var clusterRole rbacv1.ClusterRole
+			typed(t, objects["ClusterRole <nil>/kvcluster-operator"], &clusterRole)
+			if !reflect.DeepEqual(clusterRole.Rules, wantCluster) {
+				t.Errorf("ClusterRole rules %+v, want %+v", clusterRole.Rules, wantCluster)
+			}
+			operator := rbacv1.Subject{Kind: "ServiceAccount", Name: "kvcluster-operator", Namespace: releaseNamespace}
+			for _, ns := range []string{"team-a", "team-b"} {
+				var role rbacv1.Role
+				var binding rbacv1.RoleBinding
+				typed(t, objects["Role "+ns+"/kvcluster-operator"], &role)
+				typed(t, objects["RoleBinding "+ns+"/kvcluster-operator"], &binding)
+				if !reflect.DeepEqual(role.Rules, wantNamespaced) {
+					t.Errorf("namespace %s: Role rules %+v, want %+v", ns, role.Rules, wantNamespaced)
+				}
+				if binding.RoleRef.Name != "kvcluster-operator" || !slices.Equal(binding.Subjects, []rbacv1.Subject{operator}) {
+					t.Errorf("namespace %s: RoleBinding %+v", ns, binding)
+				}
+			}
+			if _, ok := objects["Role "+releaseNamespace+"/kvcluster-operator"]; ok {
+				t.Error("the operator's own namespace, not watched, has its Role")
+			}
+			var ownPod rbacv1.Role
+			typed(t, objects["Role "+releaseNamespace+"/kvcluster-operator-own-pod"], &ownPod)
+			if !reflect.DeepEqual(ownPod.Rules, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}}}) {
+				t.Errorf("the operator may not read its own pod: %+v", ownPod.Rules)
+			}
+			if _, c := manager(t, rendered); !slices.Contains(c.Args, "--watch-namespaces=team-a,team-b") {
+				t.Errorf("args %q", c.Args)
+			}
+			spec, _ := objects["PodMonitor "+releaseNamespace+"/kvcluster-members"]["spec"].(map[string]any)
+			if got := fmt.Sprint(spec["namespaceSelector"]); got != "map[matchNames:[team-a team-b]]" {
+				t.Errorf("the PodMonitor selects namespaces %s", got)
+			}
+		},
+	}, {
+		name:    "a namespace's name",
+		set:     []string{"watchNamespaces={Team-A}"},
+		refused: "at '/watchNamespaces/0': 'Team-A' does not match pattern",
+	}, {
+		name:    "a namespace named twice",
+		set:     []string{"watchNamespaces={team-a,team-a}"},
+		refused: "at '/watchNamespaces'",
+	}, {
 		name: "labels for a Prometheus's selectors",
 		set:  []string{"monitoring.podMonitor.enabled=true", "monitoring.labels.release=kps"},
 		check: func(t *testing.T, rendered []byte) {
@@ -291,6 +344,21 @@ func dropHelmLabels(obj map[string]any) {
 	}
 	if labels != nil && len(labels) == 0 {
 		delete(meta, "labels")
+	}
+}
+
+// typed decodes one of objectsByKey's objects into its Go type.
+func typed(t *testing.T, obj map[string]any, into any) {
+	t.Helper()
+	if obj == nil {
+		t.Fatalf("%T: not rendered", into)
+	}
+	data, err := sigsyaml.Marshal(obj)
+	if err == nil {
+		err = sigsyaml.UnmarshalStrict(data, into)
+	}
+	if err != nil {
+		t.Fatalf("%T: %v", into, err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -57,6 +59,7 @@ func main() {
 		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE, else the service account's; none outside the cluster)")
 		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
 		pprofAddr      = flag.String("pprof-bind-address", "0", "address serving Go's profiles at /debug/pprof/ (e.g. 127.0.0.1:6060, for diagnosing CPU or memory use); 0 disables it")
+		watch          = flag.String("watch-namespaces", "", "namespaces whose KVClusters the operator runs (ns[,ns...]), with Roles in each of them and a ClusterRole only for KVClusters, namespaces and the metrics endpoint's reviews (see the README); empty: every namespace")
 		workers        = flag.Int("max-concurrent-reconciles", 32, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others (a reconcile mostly waits on the API server and etcd)")
 	)
 	opts := zap.Options{Development: false}
@@ -72,6 +75,11 @@ func main() {
 		log.Info("Go memory limit: 90 % of MEMORY_LIMIT", "bytes", limit)
 	}
 
+	namespaces, err := watchNamespaces(*watch)
+	if err != nil {
+		log.Error(err, "--watch-namespaces")
+		os.Exit(1)
+	}
 	metricsServing, err := metricsOptions(*metricsAddr, *metricsSecure, *metricsCertDir)
 	if err != nil {
 		log.Error(err, "cannot serve metrics")
@@ -90,7 +98,7 @@ func main() {
 		LeaderElectionID:        "kvcluster-operator.kvcluster.io",
 		LeaderElectionNamespace: *leaderNS,
 		Client:                  client.Options{FieldOwner: specs.FieldManager},
-		Cache:                   controllers.CacheOptions(),
+		Cache:                   controllers.CacheOptions(namespaces...),
 	})
 	if err != nil {
 		log.Error(err, "cannot create the manager")
@@ -142,7 +150,7 @@ func main() {
 	must(metrics.Registry.Register(controllers.NewClusterCollector(mgr.GetCache(), mgr.Elected())))
 	must(mgr.AddHealthzCheck("healthz", healthz.Ping))
 	must(mgr.AddReadyzCheck("readyz", healthz.Ping))
-	log.Info("starting manager", "etcdRepository", *etcdRepository, "leaderElection", *leaderElect, "jobImage", jobs)
+	log.Info("starting manager", "etcdRepository", *etcdRepository, "leaderElection", *leaderElect, "jobImage", jobs, "watchNamespaces", namespaces)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		log.Error(err, "manager stopped with an error")
 		os.Exit(1)
@@ -188,6 +196,26 @@ func metricsOptions(addr string, secure bool, certDir string) (metricsserver.Opt
 	opts.CertDir = certDir
 	opts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	return opts, nil
+}
+
+// watchNamespaces are the namespaces --watch-namespaces names (none: every namespace), each a
+// namespace's name, once.
+func watchNamespaces(flag string) ([]string, error) {
+	if strings.TrimSpace(flag) == "" {
+		return nil, nil
+	}
+	var namespaces []string
+	for _, ns := range strings.Split(flag, ",") {
+		ns = strings.TrimSpace(ns)
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("%q is not a namespace's name: %s", ns, strings.Join(errs, "; "))
+		}
+		if slices.Contains(namespaces, ns) {
+			return nil, fmt.Errorf("namespace %s is named twice", ns)
+		}
+		namespaces = append(namespaces, ns)
+	}
+	return namespaces, nil
 }
 
 func must(err error) {
