@@ -56,6 +56,9 @@ type S3 struct {
 	Insecure  bool // plain HTTP, for stores inside the cluster
 	AccessKey string
 	SecretKey string
+	// WorkloadIdentity: no static keys; short-lived credentials from the pod's cloud identity
+	// (workloadCredentials).
+	WorkloadIdentity bool
 }
 
 type s3Store struct {
@@ -63,16 +66,45 @@ type s3Store struct {
 	client *minio.Client
 }
 
-// NewS3Store connects to a bucket (lazily: errors show on first use).
+// NewS3Store connects to a bucket (lazily: errors show on first use), except that credentials
+// from a workload identity are fetched at once (within identityTimeout), so that a pod without
+// one fails saying so.
 func NewS3Store(cfg S3) (Store, error) {
+	creds := credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, "")
+	if cfg.WorkloadIdentity {
+		creds = workloadCredentials()
+		ctx, cancel := context.WithTimeout(context.Background(), identityTimeout)
+		defer cancel()
+		if _, err := creds.GetWithContext(&credentials.CredContext{Client: http.DefaultClient, Context: ctx}); err != nil {
+			return nil, fmt.Errorf("workloadIdentity: no credentials from the pod's cloud identity (is spec.pods.serviceAccountName bound to a role that may use the bucket?): %w", err)
+		}
+	}
 	c, err := minio.New(cfg.Endpoint, &minio.Options{
-		Creds: credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""), Secure: !cfg.Insecure,
+		Creds: creds, Secure: !cfg.Insecure,
 		Region: cfg.Region, BucketLookup: minio.BucketLookupPath,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("S3 endpoint %q: %w", cfg.Endpoint, err)
 	}
 	return &s3Store{cfg: cfg, client: c}, nil
+}
+
+// identityTimeout bounds fetching a workload identity's first credentials.
+const identityTimeout = time.Minute
+
+// workloadCredentials are those the AWS SDKs' default chain takes from a pod's cloud identity,
+// static keys left out: a web identity token (EKS IRSA: AWS_WEB_IDENTITY_TOKEN_FILE and
+// AWS_ROLE_ARN), exchanged at AWS_ENDPOINT_URL_STS (the SDKs' override; an S3-compatible store's
+// own STS) or else the region's STS; EKS Pod Identity (AWS_CONTAINER_CREDENTIALS_FULL_URI and its
+// token file); an ECS task role; else the node's instance role. They are fetched again before
+// they expire.
+func workloadCredentials() *credentials.Credentials {
+	iam := &credentials.IAM{}
+	if os.Getenv("AWS_WEB_IDENTITY_TOKEN_FILE") != "" {
+		// The endpoint would also replace the instance metadata's: only for the token's exchange.
+		iam.Endpoint = os.Getenv("AWS_ENDPOINT_URL_STS")
+	}
+	return credentials.New(iam)
 }
 
 func (s *s3Store) URI(key string) string { return fmt.Sprintf("s3://%s/%s", s.cfg.Bucket, key) }

@@ -619,6 +619,19 @@ func TestAdmissionRejectsUnworkableSpecs(t *testing.T) {
 		{name: "ok: only a memory limit", mutate: resources(corev1.ResourceList{"cpu": q("1")}, corev1.ResourceList{"memory": q("1Gi")})},
 		{name: "credentials Secret that is not a name", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.CredentialsSecret = "S3 Credentials" },
 			wantErr: "spec.backup.s3.credentialsSecret"},
+		{name: "S3 without credentials", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.CredentialsSecret = "" },
+			wantErr: "s3 needs exactly one source of credentials: credentialsSecret, or workloadIdentity: true"},
+		{name: "S3 with both a Secret and the workload's identity", mutate: func(k *kvv1.KVCluster) { k.Spec.Backup.S3.WorkloadIdentity = true },
+			wantErr: "s3 needs exactly one source of credentials"},
+		{name: "restore from S3 without credentials", mutate: func(k *kvv1.KVCluster) {
+			k.Spec.Restore = &kvv1.RestoreSpec{S3: &kvv1.S3Destination{Endpoint: "s3.backup.svc:7070", Bucket: "backups"}, Key: "ns/kv/kv-final.db"}
+		}, wantErr: "spec.restore.s3: Invalid value"},
+		{name: "ok: S3 with the workload's identity and a ServiceAccount", mutate: func(k *kvv1.KVCluster) {
+			k.Spec.Backup.S3 = &kvv1.S3Destination{Endpoint: "s3.eu-central-1.amazonaws.com", Bucket: "backups", Region: "eu-central-1", WorkloadIdentity: true}
+			k.Spec.Pods.ServiceAccountName = "etcd-backups"
+		}},
+		{name: "a ServiceAccount that is not a name", mutate: withPods(kvv1.PodPolicy{ServiceAccountName: "Backups Role"}),
+			wantErr: "spec.pods.serviceAccountName"},
 		{name: "claim that is not a name", mutate: func(k *kvv1.KVCluster) {
 			k.Spec.Backup = &kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "../backups"}}
 		},

@@ -195,6 +195,15 @@ type PodPolicy struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=8
 	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+
+	// ServiceAccountName of members and Jobs, e.g. one bound to a cloud role so that backups and
+	// restores reach the bucket without static keys (s3.workloadIdentity). No API token is mounted
+	// (the cloud's own webhook or agent gives its credentials). Unset: the namespace's default.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 }
 
 // TLSMode is where a cluster's certificates come from.
@@ -447,6 +456,8 @@ const (
 )
 
 // S3Destination is a bucket of an S3-compatible store, addressed path-style.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.credentialsSecret) != (has(self.workloadIdentity) && self.workloadIdentity)",message="s3 needs exactly one source of credentials: credentialsSecret, or workloadIdentity: true"
 type S3Destination struct {
 	// Endpoint is host[:port] of the store, without scheme, e.g. "s3.eu-central-1.amazonaws.com" or
 	// "minio.storage.svc:9000".
@@ -485,13 +496,25 @@ type S3Destination struct {
 	Insecure bool `json:"insecure,omitempty"`
 
 	// CredentialsSecret names a Secret in the KVCluster's namespace with the keys
-	// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Only the backup Jobs read it; the operator never does.
+	// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Only the backup Jobs (and a restoring member's
+	// init container) read it; the operator never does. Exactly one of credentialsSecret and
+	// workloadIdentity.
 	//
-	// +required
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
-	CredentialsSecret string `json:"credentialsSecret"`
+	CredentialsSecret string `json:"credentialsSecret,omitempty"`
+
+	// WorkloadIdentity: no static keys; the pods that reach the store (backup Jobs, a restoring
+	// member's init container) take short-lived credentials from the cloud identity of their
+	// ServiceAccount (spec.pods.serviceAccountName), as the AWS SDKs do: a web identity token
+	// (EKS IRSA: AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, exchanged at AWS_ENDPOINT_URL_STS
+	// or the region's STS), EKS Pod Identity (AWS_CONTAINER_CREDENTIALS_FULL_URI), or else the
+	// node's instance role.
+	//
+	// +optional
+	WorkloadIdentity bool `json:"workloadIdentity,omitempty"`
 }
 
 // DeregistrationSpec is either an HTTP call or a container run to completion; both run as a Job

@@ -44,6 +44,7 @@ func bindStore(fs *flag.FlagSet) *storeFlags {
 	fs.StringVar(&f.s3.Bucket, "bucket", "", "bucket")
 	fs.StringVar(&f.s3.Region, "region", "us-east-1", "region")
 	fs.BoolVar(&f.s3.Insecure, "insecure", false, "plain HTTP (for a store inside the cluster)")
+	fs.BoolVar(&f.s3.WorkloadIdentity, "workload-identity", false, "take short-lived credentials from the pod's cloud identity (web identity token, EKS Pod Identity, instance role) instead of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
 	fs.StringVar(&f.dir, "dir", "", "keep backups under this directory (a mounted PersistentVolumeClaim) instead of a bucket")
 	fs.StringVar(&f.claim, "claim", "", "name of the PersistentVolumeClaim mounted at --dir, for locations")
 	return f
@@ -53,9 +54,12 @@ func (f *storeFlags) open() (backup.Store, error) {
 	if f.dir != "" {
 		return backup.NewDirStore(f.dir, f.claim), nil
 	}
-	f.s3.AccessKey, f.s3.SecretKey = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
-	if err := requireFlags(map[string]string{"--s3-endpoint (or --dir)": f.s3.Endpoint, "--bucket": f.s3.Bucket,
-		"AWS_ACCESS_KEY_ID": f.s3.AccessKey, "AWS_SECRET_ACCESS_KEY": f.s3.SecretKey}); err != nil {
+	required := map[string]string{"--s3-endpoint (or --dir)": f.s3.Endpoint, "--bucket": f.s3.Bucket}
+	if !f.s3.WorkloadIdentity {
+		f.s3.AccessKey, f.s3.SecretKey = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
+		required["AWS_ACCESS_KEY_ID (or --workload-identity)"], required["AWS_SECRET_ACCESS_KEY"] = f.s3.AccessKey, f.s3.SecretKey
+	}
+	if err := requireFlags(required); err != nil {
 		return nil, err
 	}
 	return backup.NewS3Store(f.s3)

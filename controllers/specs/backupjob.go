@@ -152,9 +152,11 @@ func accessTo(s3 *kvv1.S3Destination, pvc *kvv1.PVCDestination, readOnly bool) s
 			mount: corev1ac.VolumeMount().WithName(backupVolume).WithMountPath(backupMount).WithReadOnly(readOnly),
 		}
 	}
-	a := storeAccess{
-		args: []string{"--s3-endpoint=" + s3.Endpoint, "--bucket=" + s3.Bucket, "--region=" + s3.Region},
-		env:  []*corev1ac.EnvVarApplyConfiguration{secretEnv(s3.CredentialsSecret, "AWS_ACCESS_KEY_ID"), secretEnv(s3.CredentialsSecret, "AWS_SECRET_ACCESS_KEY")},
+	a := storeAccess{args: []string{"--s3-endpoint=" + s3.Endpoint, "--bucket=" + s3.Bucket, "--region=" + s3.Region}}
+	if s3.WorkloadIdentity {
+		a.args = append(a.args, "--workload-identity")
+	} else {
+		a.env = []*corev1ac.EnvVarApplyConfiguration{secretEnv(s3.CredentialsSecret, "AWS_ACCESS_KEY_ID"), secretEnv(s3.CredentialsSecret, "AWS_SECRET_ACCESS_KEY")}
 	}
 	if s3.Insecure {
 		a.args = append(a.args, "--insecure")
@@ -166,7 +168,7 @@ func accessTo(s3 *kvv1.S3Destination, pvc *kvv1.PVCDestination, readOnly bool) s
 // to the bucket or the claim. Scheduled, on-demand, pre-upgrade and final backups are built here alike; only
 // the name, the object, the kind label, the deadline and (for scheduled ones) pruning differ. It never retries (a retry would find its own
 // object and be refused); the next slot is the retry. Credentials reach the pod only from the
-// referenced Secret.
+// referenced Secret, or from its ServiceAccount's cloud identity (s3.workloadIdentity).
 func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobApplyConfiguration {
 	b := kvc.Spec.Backup
 	deadline := int64(30 * 60)

@@ -110,6 +110,15 @@ func TestPreUpgradeBackupJob(t *testing.T) {
 			wantEnv: []string{"AWS_ACCESS_KEY_ID from Secret creds key AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY from Secret creds key AWS_SECRET_ACCESS_KEY"},
 		},
 		{
+			name:    "to a bucket with the workload's cloud identity: no Secret",
+			version: "3.7.3",
+			backup: kvv1.BackupSpec{
+				S3: &kvv1.S3Destination{Endpoint: "s3.eu-1.amazonaws.com", Bucket: "b", Prefix: "team", Region: "eu-1", WorkloadIdentity: true},
+			},
+			wantArgs: []string{"backup", endpoints, "--key=team/prod/kv/uid-1/kv-preupgrade-3.7.3-20261130T101500Z.db", "--timeout=1605s",
+				"--s3-endpoint=s3.eu-1.amazonaws.com", "--bucket=b", "--region=eu-1", "--workload-identity"},
+		},
+		{
 			name:    "to a claim, with the shortest final backup timeout",
 			version: "3.6.16",
 			backup:  kvv1.BackupSpec{PVC: &kvv1.PVCDestination{ClaimName: "backup-volume", Prefix: "etcd"}, FinalBackupTimeoutSeconds: 30},

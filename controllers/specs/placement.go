@@ -46,7 +46,8 @@ func placeMembers(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfig
 }
 
 // placePod puts what spec.pods says of every pod, a member's or a Job's, on a pod template: node
-// selector, tolerations, priority, image pull secrets, extra labels and annotations. The
+// selector, tolerations, priority, image pull secrets, service account, extra labels and
+// annotations. The
 // template's own labels are set already and win, and no extra label may take a key of the
 // operator's (admission refuses them too). Affinity and spread are the members' alone.
 func placePod(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfiguration) {
@@ -68,6 +69,9 @@ func placePod(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfigurat
 	}
 	for _, s := range policy.ImagePullSecrets {
 		tmpl.Spec.WithImagePullSecrets(corev1ac.LocalObjectReference().WithName(s.Name))
+	}
+	if policy.ServiceAccountName != "" {
+		tmpl.Spec.WithServiceAccountName(policy.ServiceAccountName)
 	}
 }
 

@@ -29,7 +29,7 @@ func podOf(t *testing.T, tmpl *corev1ac.PodTemplateSpecApplyConfiguration) corev
 
 // TestPodPolicy: spec.pods places the members (node selector, tolerations, affinity, topology
 // spread over the cluster's members, priority, pull secrets, extra labels and annotations under the
-// operator's own) and the Jobs it starts (all but affinity and spread); unset, members spread
+// operator's own, service account) and the Jobs it starts (all but affinity and spread); unset, members spread
 // softly across zones and nodes and preferably one per node.
 func TestPodPolicy(t *testing.T) {
 	members := &metav1.LabelSelector{MatchLabels: SelectorLabels(cluster(3))}
@@ -64,13 +64,13 @@ func TestPodPolicy(t *testing.T) {
 		policy: kvv1.PodPolicy{NodeSelector: map[string]string{"pool": "etcd"}, Tolerations: tolerate, Affinity: storageNodes,
 			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone, WhenUnsatisfiable: corev1.DoNotSchedule}},
 			PriorityClassName:         "etcd-critical", Labels: map[string]string{"team": "payments"}, Annotations: map[string]string{"cost-center": "42"},
-			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "registry"}}},
+			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "registry"}}, ServiceAccountName: "backups"},
 		wantMember: func(t *testing.T, pod corev1.PodTemplateSpec) {
 			s := pod.Spec
 			hardZones := []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone, WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: members}}
 			if s.NodeSelector["pool"] != "etcd" || !reflect.DeepEqual(s.Tolerations, tolerate) || !reflect.DeepEqual(s.Affinity, storageNodes) ||
 				!reflect.DeepEqual(s.TopologySpreadConstraints, hardZones) || s.PriorityClassName != "etcd-critical" ||
-				len(s.ImagePullSecrets) != 1 || s.ImagePullSecrets[0].Name != "registry" {
+				len(s.ImagePullSecrets) != 1 || s.ImagePullSecrets[0].Name != "registry" || s.ServiceAccountName != "backups" {
 				t.Errorf("member pod spec %+v", s)
 			}
 			if pod.Labels["team"] != "payments" || pod.Annotations["cost-center"] != "42" || pod.Labels[instanceLbl] != "kv" {
@@ -80,8 +80,11 @@ func TestPodPolicy(t *testing.T) {
 		wantJob: func(t *testing.T, pod corev1.PodTemplateSpec) {
 			s := pod.Spec
 			if s.NodeSelector["pool"] != "etcd" || !reflect.DeepEqual(s.Tolerations, tolerate) || s.PriorityClassName != "etcd-critical" ||
-				len(s.ImagePullSecrets) != 1 || pod.Labels["team"] != "payments" || pod.Annotations["cost-center"] != "42" {
+				len(s.ImagePullSecrets) != 1 || pod.Labels["team"] != "payments" || pod.Annotations["cost-center"] != "42" || s.ServiceAccountName != "backups" {
 				t.Errorf("Job pod %+v", pod)
+			}
+			if s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken {
+				t.Error("a Job mounts its ServiceAccount's API token: it never calls the API server")
 			}
 			if s.Affinity != nil || s.TopologySpreadConstraints != nil {
 				t.Errorf("a Job took the members' affinity or spread: %+v", s)

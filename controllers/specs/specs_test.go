@@ -3,6 +3,7 @@ package specs
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -411,6 +412,13 @@ func TestStatefulSetRestoresFromABackup(t *testing.T) {
 		if !strings.Contains(fetchArgs, want) {
 			t.Errorf("fetch args lack %q: %s", want, fetchArgs)
 		}
+	}
+	// With the workload's cloud identity, the fetch has no Secret: the ServiceAccount's role.
+	kvc.Spec.Restore.S3 = &kvv1.S3Destination{Endpoint: "s3.eu-1.amazonaws.com", Bucket: "b", Region: "eu-1", WorkloadIdentity: true}
+	kvc.Spec.Pods.ServiceAccountName = "restores"
+	wi := StatefulSet(kvc, MemberSet{Images: Images{Operator: "op:1"}, Replicas: 3, Bootstrapping: true}).Spec.Template.Spec
+	if f := wi.InitContainers[0]; len(f.Env) != 2 || !slices.Contains(f.Args, "--workload-identity") || *wi.ServiceAccountName != "restores" {
+		t.Errorf("fetch with the workload's identity: env %+v, args %q, service account %v", f.Env, f.Args, wi.ServiceAccountName)
 	}
 	// The restore itself runs in the etcd image of the cluster's own version, without credentials,
 	// and gives each member exactly the membership etcd will start with.

@@ -536,6 +536,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: priorityClassName
       type:
         scalar: string
+    - name: serviceAccountName
+      type:
+        scalar: string
     - name: tolerations
       type:
         list:
@@ -588,6 +591,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: string
       default: us-east-1
+    - name: workloadIdentity
+      type:
+        scalar: boolean
 - name: com.github.kvcluster.kvcluster-operator.apis.v1alpha1.SpaceSpec
   map:
     fields:

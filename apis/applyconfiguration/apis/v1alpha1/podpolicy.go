@@ -31,6 +31,10 @@ type PodPolicyApplyConfiguration struct {
 	// ImagePullSecrets to pull the etcd image (members) and the operator's image (Jobs) from a
 	// private registry: Secrets in the KVCluster's namespace.
 	ImagePullSecrets []v1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+	// ServiceAccountName of members and Jobs, e.g. one bound to a cloud role so that backups and
+	// restores reach the bucket without static keys (s3.workloadIdentity). No API token is mounted
+	// (the cloud's own webhook or agent gives its credentials). Unset: the namespace's default.
+	ServiceAccountName *string `json:"serviceAccountName,omitempty"`
 }
 
 // PodPolicyApplyConfiguration constructs a declarative configuration of the PodPolicy type for use with
@@ -124,5 +128,13 @@ func (b *PodPolicyApplyConfiguration) WithImagePullSecrets(values ...v1.LocalObj
 	for i := range values {
 		b.ImagePullSecrets = append(b.ImagePullSecrets, values[i])
 	}
+	return b
+}
+
+// WithServiceAccountName sets the ServiceAccountName field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ServiceAccountName field is set to the value of the last call.
+func (b *PodPolicyApplyConfiguration) WithServiceAccountName(value string) *PodPolicyApplyConfiguration {
+	b.ServiceAccountName = &value
 	return b
 }

@@ -19,8 +19,17 @@ type S3DestinationApplyConfiguration struct {
 	// Insecure uses plain HTTP instead of TLS, for a store inside the cluster.
 	Insecure *bool `json:"insecure,omitempty"`
 	// CredentialsSecret names a Secret in the KVCluster's namespace with the keys
-	// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Only the backup Jobs read it; the operator never does.
+	// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Only the backup Jobs (and a restoring member's
+	// init container) read it; the operator never does. Exactly one of credentialsSecret and
+	// workloadIdentity.
 	CredentialsSecret *string `json:"credentialsSecret,omitempty"`
+	// WorkloadIdentity: no static keys; the pods that reach the store (backup Jobs, a restoring
+	// member's init container) take short-lived credentials from the cloud identity of their
+	// ServiceAccount (spec.pods.serviceAccountName), as the AWS SDKs do: a web identity token
+	// (EKS IRSA: AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, exchanged at AWS_ENDPOINT_URL_STS
+	// or the region's STS), EKS Pod Identity (AWS_CONTAINER_CREDENTIALS_FULL_URI), or else the
+	// node's instance role.
+	WorkloadIdentity *bool `json:"workloadIdentity,omitempty"`
 }
 
 // S3DestinationApplyConfiguration constructs a declarative configuration of the S3Destination type for use with
@@ -74,5 +83,13 @@ func (b *S3DestinationApplyConfiguration) WithInsecure(value bool) *S3Destinatio
 // If called multiple times, the CredentialsSecret field is set to the value of the last call.
 func (b *S3DestinationApplyConfiguration) WithCredentialsSecret(value string) *S3DestinationApplyConfiguration {
 	b.CredentialsSecret = &value
+	return b
+}
+
+// WithWorkloadIdentity sets the WorkloadIdentity field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the WorkloadIdentity field is set to the value of the last call.
+func (b *S3DestinationApplyConfiguration) WithWorkloadIdentity(value bool) *S3DestinationApplyConfiguration {
+	b.WorkloadIdentity = &value
 	return b
 }

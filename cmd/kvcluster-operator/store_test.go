@@ -1,0 +1,46 @@
+package main
+
+import (
+	"flag"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestStoreCredentials: an S3 store needs static keys from the environment, or --workload-identity,
+// which takes none and asks the pod's cloud identity (here an EKS Pod Identity agent on loopback
+// that refuses the pod).
+func TestStoreCredentials(t *testing.T) {
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusForbidden) }))
+	defer agent.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("pod token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", agent.URL)
+	t.Setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", token)
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{args: nil, wantErr: "missing AWS_ACCESS_KEY_ID (or --workload-identity), AWS_SECRET_ACCESS_KEY"},
+		{args: []string{"--workload-identity"}, wantErr: "workloadIdentity: no credentials from the pod's cloud identity"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			fs := flag.NewFlagSet("backup", flag.ContinueOnError)
+			f := bindStore(fs)
+			if err := fs.Parse(append([]string{"--s3-endpoint=s3:7070", "--bucket=b"}, tc.args...)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.open(); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("open() = %v, want an error with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
