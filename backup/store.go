@@ -72,7 +72,7 @@ type s3Store struct {
 func NewS3Store(cfg S3) (Store, error) {
 	creds := credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, "")
 	if cfg.WorkloadIdentity {
-		creds = workloadCredentials()
+		creds = workloadCredentials(cfg.Region)
 		ctx, cancel := context.WithTimeout(context.Background(), identityTimeout)
 		defer cancel()
 		if _, err := creds.GetWithContext(&credentials.CredContext{Client: http.DefaultClient, Context: ctx}); err != nil {
@@ -95,11 +95,11 @@ const identityTimeout = time.Minute
 // workloadCredentials are those the AWS SDKs' default chain takes from a pod's cloud identity,
 // static keys left out: a web identity token (EKS IRSA: AWS_WEB_IDENTITY_TOKEN_FILE and
 // AWS_ROLE_ARN), exchanged at AWS_ENDPOINT_URL_STS (the SDKs' override; an S3-compatible store's
-// own STS) or else the region's STS; EKS Pod Identity (AWS_CONTAINER_CREDENTIALS_FULL_URI and its
-// token file); an ECS task role; else the node's instance role. They are fetched again before
-// they expire.
-func workloadCredentials() *credentials.Credentials {
-	iam := &credentials.IAM{}
+// own STS) or else the STS of AWS_REGION, else of the bucket's region; EKS Pod Identity
+// (AWS_CONTAINER_CREDENTIALS_FULL_URI and its token file); an ECS task role; else the node's
+// instance role. They are fetched again before they expire.
+func workloadCredentials(region string) *credentials.Credentials {
+	iam := &credentials.IAM{Region: region}
 	if os.Getenv("AWS_WEB_IDENTITY_TOKEN_FILE") != "" {
 		// The endpoint would also replace the instance metadata's: only for the token's exchange.
 		iam.Endpoint = os.Getenv("AWS_ENDPOINT_URL_STS")
@@ -120,7 +120,7 @@ func (s *s3Store) Exists(ctx context.Context, key string) (bool, error) {
 	case resp.Code == "NoSuchKey" || resp.StatusCode == http.StatusNotFound:
 		return false, nil
 	}
-	return false, fmt.Errorf("check %s: %w", s.URI(key), describe(err))
+	return false, fmt.Errorf("check %s: %w", s.URI(key), s.describe(err))
 }
 
 // partSize bounds the memory of an upload whatever the database size: the snapshot is streamed
@@ -134,7 +134,7 @@ func (s *s3Store) Put(ctx context.Context, key string, r io.Reader) (int64, stri
 	bucket := s.cfg.Bucket
 	id, err := core.NewMultipartUpload(ctx, bucket, key, minio.PutObjectOptions{ContentType: "application/octet-stream"})
 	if err != nil {
-		return 0, "", fmt.Errorf("start upload of %s: %w", s.URI(key), describe(err))
+		return 0, "", fmt.Errorf("start upload of %s: %w", s.URI(key), s.describe(err))
 	}
 	abort := func(cause error) (int64, string, error) {
 		// Also when ctx has ended, but bounded: the store may be what stalled, and the backup must
@@ -154,7 +154,7 @@ func (s *s3Store) Put(ctx context.Context, key string, r io.Reader) (int64, stri
 			hash.Write(buf[:n])
 			p, err := core.PutObjectPart(ctx, bucket, key, id, part, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
 			if err != nil {
-				return abort(fmt.Errorf("upload part %d of %s: %w", part, s.URI(key), describe(err)))
+				return abort(fmt.Errorf("upload part %d of %s: %w", part, s.URI(key), s.describe(err)))
 			}
 			parts = append(parts, minio.CompletePart{PartNumber: part, ETag: p.ETag})
 			size += int64(n)
@@ -175,7 +175,7 @@ func (s *s3Store) Put(ctx context.Context, key string, r io.Reader) (int64, stri
 		if minio.ToErrorResponse(err).StatusCode == http.StatusPreconditionFailed {
 			return abort(fmt.Errorf("%s: %w (it appeared during the upload)", s.URI(key), ErrObjectExists))
 		}
-		return abort(fmt.Errorf("complete upload of %s: %w", s.URI(key), describe(err)))
+		return abort(fmt.Errorf("complete upload of %s: %w", s.URI(key), s.describe(err)))
 	}
 	return size, hex.EncodeToString(hash.Sum(nil)), nil
 }
@@ -184,7 +184,7 @@ func (s *s3Store) PutSmall(ctx context.Context, key string, data []byte) error {
 	opts := minio.PutObjectOptions{ContentType: "application/json"}
 	opts.SetMatchETagExcept("*")
 	if _, err := s.client.PutObject(ctx, s.cfg.Bucket, key, bytes.NewReader(data), int64(len(data)), opts); err != nil {
-		return fmt.Errorf("write %s: %w", s.URI(key), describe(err))
+		return fmt.Errorf("write %s: %w", s.URI(key), s.describe(err))
 	}
 	return nil
 }
@@ -192,11 +192,11 @@ func (s *s3Store) PutSmall(ctx context.Context, key string, data []byte) error {
 func (s *s3Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
 	obj, err := s.client.GetObject(ctx, s.cfg.Bucket, key, minio.GetObjectOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", s.URI(key), describe(err))
+		return nil, fmt.Errorf("get %s: %w", s.URI(key), s.describe(err))
 	}
 	if _, err := obj.Stat(); err != nil {
 		_ = obj.Close()
-		return nil, fmt.Errorf("get %s: %w", s.URI(key), describe(err))
+		return nil, fmt.Errorf("get %s: %w", s.URI(key), s.describe(err))
 	}
 	return obj, nil
 }
@@ -205,7 +205,7 @@ func (s *s3Store) List(ctx context.Context, dir string) ([]StoredObject, error) 
 	var out []StoredObject
 	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: dir}) {
 		if obj.Err != nil {
-			return nil, fmt.Errorf("list %s: %w", s.URI(dir), describe(obj.Err))
+			return nil, fmt.Errorf("list %s: %w", s.URI(dir), s.describe(obj.Err))
 		}
 		out = append(out, StoredObject{Key: obj.Key, Modified: obj.LastModified})
 	}
@@ -215,7 +215,7 @@ func (s *s3Store) List(ctx context.Context, dir string) ([]StoredObject, error) 
 func (s *s3Store) Remove(ctx context.Context, key string) error {
 	err := s.client.RemoveObject(ctx, s.cfg.Bucket, key, minio.RemoveObjectOptions{})
 	if err != nil && minio.ToErrorResponse(err).Code != "NoSuchKey" {
-		return fmt.Errorf("delete %s: %w", s.URI(key), describe(err))
+		return fmt.Errorf("delete %s: %w", s.URI(key), s.describe(err))
 	}
 	return nil
 }
@@ -228,7 +228,7 @@ func (s *s3Store) RemoveAbandoned(ctx context.Context, dir string, startedBefore
 		// The delimiter keeps to dir itself: a deeper prefix may be another cluster's directory.
 		page, err := core.ListMultipartUploads(ctx, s.cfg.Bucket, dir, keyMarker, uploadIDMarker, "/", 1000)
 		if err != nil {
-			return removed, fmt.Errorf("list incomplete uploads in %s: %w", s.URI(dir), describe(err))
+			return removed, fmt.Errorf("list incomplete uploads in %s: %w", s.URI(dir), s.describe(err))
 		}
 		for _, u := range page.Uploads {
 			if !u.Initiated.Before(startedBefore) {
@@ -236,7 +236,7 @@ func (s *s3Store) RemoveAbandoned(ctx context.Context, dir string, startedBefore
 			}
 			err := core.AbortMultipartUpload(ctx, s.cfg.Bucket, u.Key, u.UploadID)
 			if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
-				return removed, fmt.Errorf("abort the incomplete upload of %s: %w", s.URI(u.Key), describe(err))
+				return removed, fmt.Errorf("abort the incomplete upload of %s: %w", s.URI(u.Key), s.describe(err))
 			}
 			removed = append(removed, u.Key)
 		}
@@ -248,10 +248,13 @@ func (s *s3Store) RemoveAbandoned(ctx context.Context, dir string, startedBefore
 }
 
 // describe turns an S3 error into a sentence a person can act on.
-func describe(err error) error {
+func (s *s3Store) describe(err error) error {
 	resp := minio.ToErrorResponse(err)
 	switch resp.Code {
-	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied":
+	case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken":
+		if s.cfg.WorkloadIdentity {
+			return fmt.Errorf("the store refused the workload identity's credentials (%s): check that the role of spec.pods.serviceAccountName may use the bucket: %w", resp.Code, err)
+		}
 		return fmt.Errorf("the store refused the credentials (%s): check the Secret's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: %w", resp.Code, err)
 	case "NoSuchBucket":
 		return fmt.Errorf("bucket %q does not exist; create it first: %w", resp.BucketName, err)

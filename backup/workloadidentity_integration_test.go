@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -20,7 +21,7 @@ import (
 type identityProvider struct {
 	server *httptest.Server
 	// asked counts the exchanges, refused the requests without the expected token.
-	asked, refused int
+	asked, refused atomic.Int32
 }
 
 const podToken = "eyJhbGciOiJSUzI1NiJ9.pod-service-account-token"
@@ -29,12 +30,12 @@ func startIdentityProvider(t *testing.T, s s3Server) *identityProvider {
 	p := &identityProvider{}
 	expires := time.Now().Add(time.Hour).UTC()
 	p.server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.asked++
+		p.asked.Add(1)
 		switch r.URL.Path {
 		case "/sts": // AssumeRoleWithWebIdentity, as AWS STS answers it
 			if err := r.ParseForm(); err != nil || r.Form.Get("Action") != "AssumeRoleWithWebIdentity" ||
 				r.Form.Get("WebIdentityToken") != podToken || r.Form.Get("RoleArn") != "arn:aws:iam::123456789012:role/backups" {
-				p.refused++
+				p.refused.Add(1)
 				w.WriteHeader(http.StatusForbidden)
 				_, _ = w.Write([]byte(`<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>Not authorized to perform sts:AssumeRoleWithWebIdentity</Message></Error></ErrorResponse>`))
 				return
@@ -53,12 +54,14 @@ func startIdentityProvider(t *testing.T, s s3Server) *identityProvider {
 			_ = xml.NewEncoder(w).Encode(resp)
 		case "/pod-identity": // the EKS Pod Identity agent
 			if r.Header.Get("Authorization") != podToken {
-				p.refused++
+				p.refused.Add(1)
 				w.WriteHeader(http.StatusForbidden)
 				return
 			}
 			_ = json.NewEncoder(w).Encode(map[string]any{"AccessKeyId": s.AccessKey, "SecretAccessKey": s.SecretKey,
 				"Expiration": expires})
+		case "/stranger": // an agent whose keys the store refuses (AWS: AccessDenied, a role without the bucket)
+			_ = json.NewEncoder(w).Encode(map[string]any{"AccessKeyId": s.AccessKey, "SecretAccessKey": "not-the-secret", "Expiration": expires})
 		default:
 			http.NotFound(w, r)
 		}
@@ -86,22 +89,26 @@ func TestWorkloadIdentityReachesTheBucketWithoutKeys(t *testing.T) {
 		name    string
 		env     map[string]string
 		refused bool
+		wantErr string // of the first write
 	}{
 		{name: "a web identity token (EKS IRSA), exchanged at AWS_ENDPOINT_URL_STS", env: map[string]string{
 			"AWS_WEB_IDENTITY_TOKEN_FILE": tokenFile, "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/backups",
 			"AWS_ENDPOINT_URL_STS": p.server.URL + "/sts"}},
 		{name: "EKS Pod Identity", env: map[string]string{
 			"AWS_CONTAINER_CREDENTIALS_FULL_URI": p.server.URL + "/pod-identity", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": tokenFile}},
+		{name: "a role the store refuses", wantErr: "check that the role of spec.pods.serviceAccountName may use the bucket", env: map[string]string{
+			"AWS_CONTAINER_CREDENTIALS_FULL_URI": p.server.URL + "/stranger", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": tokenFile}},
 		{name: "a token the STS refuses", refused: true, env: map[string]string{
 			"AWS_WEB_IDENTITY_TOKEN_FILE": wrongToken, "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/backups",
 			"AWS_ENDPOINT_URL_STS": p.server.URL + "/sts"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
-				"AWS_ENDPOINT_URL_STS", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_REGION"} {
+				"AWS_ENDPOINT_URL_STS", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+				"AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_REGION"} {
 				t.Setenv(k, tc.env[k])
 			}
-			asked, refused := p.asked, p.refused
+			asked, refused := p.asked.Load(), p.refused.Load()
 			cfg := s.config()
 			cfg.AccessKey, cfg.SecretKey, cfg.WorkloadIdentity = "", "", true
 			store, err := NewS3Store(cfg)
@@ -109,8 +116,8 @@ func TestWorkloadIdentityReachesTheBucketWithoutKeys(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), "workloadIdentity") || !strings.Contains(err.Error(), "Not authorized to perform sts:AssumeRoleWithWebIdentity") {
 					t.Fatalf("NewS3Store = %v, want it refused, naming workloadIdentity and the provider's answer", err)
 				}
-				if p.refused != refused+1 {
-					t.Errorf("the provider refused %d requests, want 1", p.refused-refused)
+				if got := p.refused.Load() - refused; got != 1 {
+					t.Errorf("the provider refused %d requests, want 1", got)
 				}
 				return
 			}
@@ -119,14 +126,21 @@ func TestWorkloadIdentityReachesTheBucketWithoutKeys(t *testing.T) {
 			}
 			ctx := context.Background()
 			key := "team/" + strings.ReplaceAll(t.Name(), "/", "-") + ".db"
-			if _, _, err := store.Put(ctx, key, strings.NewReader("snapshot")); err != nil {
+			_, _, err = store.Put(ctx, key, strings.NewReader("snapshot"))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("put = %v, want an error saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
 				t.Fatalf("put with the workload's credentials: %v", err)
 			}
 			if got := string(read(t, store, key)); got != "snapshot" {
 				t.Errorf("read %q back", got)
 			}
-			if p.asked != asked+1 || p.refused != refused {
-				t.Errorf("credentials fetched %d times (%d refused), want once", p.asked-asked, p.refused-refused)
+			if a, r := p.asked.Load()-asked, p.refused.Load()-refused; a != 1 || r != 0 {
+				t.Errorf("credentials fetched %d times (%d refused), want once", a, r)
 			}
 		})
 	}

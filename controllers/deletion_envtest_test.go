@@ -104,6 +104,35 @@ func TestDeletingTheNamespaceNeverHangsAndTheLossIsCounted(t *testing.T) {
 	}
 }
 
+// TestAFinalBackupThatFinishedBeforeTheNamespacesDeletionCounts: a final backup Job that
+// succeeded just before its namespace was deleted, while no pass had recorded it yet, is recorded
+// as the final backup, not counted lost.
+func TestAFinalBackupThatFinishedBeforeTheNamespacesDeletionCounts(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("nsgone-after")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 1), ""))
+	h.deleteAndReconcile(kvc) // drains, fences after drainSeconds, starts the final backup
+	final, ok := h.job(ns, "kv-final")
+	if !ok {
+		t.Fatalf("no final backup Job; events: %s", drainEvents(h))
+	}
+	h.finishJob(final, true, successReport("team/"+ns+"/kv/uid/kv-final-x.db"))
+	lost := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted"))
+	if err := h.client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(kvc)
+	if !h.gone(kvc) {
+		t.Fatalf("the KVCluster held its namespace's deletion: %+v", h.fresh(kvc).Status.Deletion)
+	}
+	if got := testutil.ToFloat64(finalBackupsLost.WithLabelValues("namespace_deleted")); got != lost {
+		t.Errorf("a final backup that was taken is counted lost (kvcluster_final_backups_lost_total{reason=namespace_deleted} %v → %v)", lost, got)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "kv-final-x.db") {
+		t.Errorf("events = %q, want the final backup's location", ev)
+	}
+}
+
 // TestFinalBackupWaitsForDrainedClientsAndFencedWrites: before the final backup the client
 // Service stops taking connections, clients get drainSeconds, and writes are fenced, so the
 // backup holds the cluster's last state; its record and event say so.

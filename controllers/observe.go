@@ -444,47 +444,15 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 	var err error
 	if obs.NamespaceGone, err = r.namespaceTerminating(ctx, kvc.Namespace); err != nil {
 		return nil, obs, nil, err
-	} else if obs.NamespaceGone {
-		// Everything in it is going and no Job can start there: nothing more is needed from it.
-		// Nor could it be read: the Roles of an install that watches some namespaces go with it.
-		return kvc, obs, r.Members, nil
 	}
-	var guard corev1.ConfigMap
-	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {
-		return nil, obs, nil, err
-	} else if found && guard.Labels[specs.ClusterUIDLabel] == string(kvc.UID) {
-		obs.Guard = guard.UID
-	}
-	// The fence speaks to the members with the cluster's client certificate; without a usable
-	// one it fails, and the final backup goes on unfenced, saying so.
-	pods := plan.Observation{Pods: map[int]plan.Pod{}}
-	if err := r.observePods(ctx, kvc, &appsv1.StatefulSet{}, &pods); err != nil {
+	etcd := r.Members
+	if obs.NamespaceGone {
+		// Its members are going and no Job can start there: only a step's Job that finished
+		// before is looked for.
+		obs.Orphaning = slices.Contains(kvc.Finalizers, metav1.FinalizerOrphanDependents)
+	} else if etcd, err = r.observeDeletionMembers(ctx, kvc, &obs); err != nil {
 		return nil, obs, nil, err
 	}
-	secrets, err := r.observeTLS(ctx, kvc, obs.Guard, &pods)
-	if err != nil {
-		return nil, obs, nil, err
-	}
-	obs.ClientScheme = pods.ClientScheme(kvc)
-	etcd, err := r.membersClient(kvc, obs.ClientScheme, secrets)
-	if err != nil {
-		etcd = r.Members
-	}
-	if obs.Orphaning, err = r.orphaning(ctx, kvc); err != nil {
-		return nil, obs, nil, err
-	}
-	if obs.OwnMembers, err = r.hasOwnMembers(ctx, kvc, obs.Guard); err != nil {
-		return nil, obs, nil, err
-	}
-	var svc corev1.Service
-	found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.ClientServiceName(kvc)}, &svc)
-	if err != nil {
-		return nil, obs, nil, err
-	}
-	if at, err := time.Parse(time.RFC3339, svc.Annotations[specs.DrainedAtAnnotation]); found && err == nil {
-		obs.DrainedAt = &at
-	}
-	obs.ClientServiceWritable = found && controlledBy(&svc, kvc) && svc.DeletionTimestamp == nil
 	obs.Jobs = map[string]plan.StepJob{}
 	steps := map[kvv1.DeletionStepName]string{}
 	if plan.WantsFinalBackup(kvc) {
@@ -494,29 +462,83 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 		steps[kvv1.StepDeregistration] = specs.DeregistrationJobName(kvc)
 	}
 	for step, name := range steps {
-		job := &batchv1.Job{}
-		if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job); err != nil {
+		sj, found, err := r.observeStepJob(ctx, kvc, step, name)
+		if obs.NamespaceGone && apierrors.IsForbidden(err) {
+			continue // the Roles of an install that watches some namespaces go with the namespace
+		} else if err != nil {
 			return nil, obs, nil, err
-		} else if !found {
-			continue
 		}
-		sj := plan.StepJob{Job: plan.NewJob(job, "")}
-		rec, _ := plan.FindStep(kvc.Status.Deletion, step)
-		switch {
-		case !controlledBy(job, kvc) && job.Labels[specs.ClusterUIDLabel] != string(kvc.UID):
-			sj.NotOurs = ownerOf(job)
-		case sj.Done && rec.Outcome != kvv1.DeletionSucceeded:
-			// Read while its step is not over, on the API server too if the cache lags; a failed
-			// step that blocks the deletion is decided again from it on every pass.
-			report, err := r.jobReport(ctx, job, true)
-			if err != nil {
-				return nil, obs, nil, err
-			}
-			sj.Report = report
+		if found {
+			obs.Jobs[name] = sj
 		}
-		obs.Jobs[name] = sj
 	}
 	return kvc, obs, etcd, nil
+}
+
+// observeDeletionMembers reads the guard, the members, their client Service and how to reach
+// them, for a deletion whose namespace stays.
+func (r *KVClusterReconciler) observeDeletionMembers(ctx context.Context, kvc *kvv1.KVCluster, obs *plan.DeletionObservation) (members.Client, error) {
+	var guard corev1.ConfigMap
+	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}, &guard); err != nil {
+		return nil, err
+	} else if found && guard.Labels[specs.ClusterUIDLabel] == string(kvc.UID) {
+		obs.Guard = guard.UID
+	}
+	// The fence speaks to the members with the cluster's client certificate; without a usable
+	// one it fails, and the final backup goes on unfenced, saying so.
+	pods := plan.Observation{Pods: map[int]plan.Pod{}}
+	if err := r.observePods(ctx, kvc, &appsv1.StatefulSet{}, &pods); err != nil {
+		return nil, err
+	}
+	secrets, err := r.observeTLS(ctx, kvc, obs.Guard, &pods)
+	if err != nil {
+		return nil, err
+	}
+	obs.ClientScheme = pods.ClientScheme(kvc)
+	etcd, err := r.membersClient(kvc, obs.ClientScheme, secrets)
+	if err != nil {
+		etcd = r.Members
+	}
+	if obs.Orphaning, err = r.orphaning(ctx, kvc); err != nil {
+		return nil, err
+	}
+	if obs.OwnMembers, err = r.hasOwnMembers(ctx, kvc, obs.Guard); err != nil {
+		return nil, err
+	}
+	var svc corev1.Service
+	found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: specs.ClientServiceName(kvc)}, &svc)
+	if err != nil {
+		return nil, err
+	}
+	if at, err := time.Parse(time.RFC3339, svc.Annotations[specs.DrainedAtAnnotation]); found && err == nil {
+		obs.DrainedAt = &at
+	}
+	obs.ClientServiceWritable = found && controlledBy(&svc, kvc) && svc.DeletionTimestamp == nil
+	return etcd, nil
+}
+
+// observeStepJob reads a deletion step's Job, if it exists: whose it is and, once it is done
+// while its step is not over, its report.
+func (r *KVClusterReconciler) observeStepJob(ctx context.Context, kvc *kvv1.KVCluster, step kvv1.DeletionStepName, name string) (plan.StepJob, bool, error) {
+	job := &batchv1.Job{}
+	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job); err != nil || !found {
+		return plan.StepJob{}, false, err
+	}
+	sj := plan.StepJob{Job: plan.NewJob(job, "")}
+	rec, _ := plan.FindStep(kvc.Status.Deletion, step)
+	switch {
+	case !controlledBy(job, kvc) && job.Labels[specs.ClusterUIDLabel] != string(kvc.UID):
+		sj.NotOurs = ownerOf(job)
+	case sj.Done && rec.Outcome != kvv1.DeletionSucceeded:
+		// Read while its step is not over, on the API server too if the cache lags; a failed
+		// step that blocks the deletion is decided again from it on every pass.
+		report, err := r.jobReport(ctx, job, true)
+		if err != nil {
+			return plan.StepJob{}, false, err
+		}
+		sj.Report = report
+	}
+	return sj, true, nil
 }
 
 // orphaning reports a deletion with --cascade=orphan: the API server sets the orphan finalizer,

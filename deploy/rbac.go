@@ -41,9 +41,13 @@ var clusterWide = map[string]bool{
 // NamespacedRules splits the operator's rules for an install that watches some namespaces
 // (--watch-namespaces): what a ClusterRole grants everywhere (clusterWide) and what a Role grants
 // in each watched namespace: the members' workloads, their Secrets, Jobs and the rest. Each rule
-// returned names one API group. The chart renders the same split (TestChartSplitsTheRoleLikeTheOperator).
+// returned names one API group; non-resource URLs are cluster-wide. The chart renders the same
+// split (TestChartValues).
 func NamespacedRules(rules []rbacv1.PolicyRule) (cluster, namespaced []rbacv1.PolicyRule) {
 	for _, rule := range rules {
+		if len(rule.NonResourceURLs) > 0 {
+			cluster = append(cluster, rbacv1.PolicyRule{NonResourceURLs: rule.NonResourceURLs, Verbs: rule.Verbs})
+		}
 		for _, group := range rule.APIGroups {
 			var c, n []string
 			for _, resource := range rule.Resources {
@@ -54,10 +58,10 @@ func NamespacedRules(rules []rbacv1.PolicyRule) (cluster, namespaced []rbacv1.Po
 				}
 			}
 			if len(c) > 0 {
-				cluster = append(cluster, rbacv1.PolicyRule{APIGroups: []string{group}, Resources: c, Verbs: rule.Verbs})
+				cluster = append(cluster, rbacv1.PolicyRule{APIGroups: []string{group}, Resources: c, ResourceNames: rule.ResourceNames, Verbs: rule.Verbs})
 			}
 			if len(n) > 0 {
-				namespaced = append(namespaced, rbacv1.PolicyRule{APIGroups: []string{group}, Resources: n, Verbs: rule.Verbs})
+				namespaced = append(namespaced, rbacv1.PolicyRule{APIGroups: []string{group}, Resources: n, ResourceNames: rule.ResourceNames, Verbs: rule.Verbs})
 			}
 		}
 	}

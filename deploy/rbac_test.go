@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"maps"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -52,9 +53,6 @@ func TestNamespacedRulesGrantWhatTheClusterRoleDoes(t *testing.T) {
 		if n[g] {
 			t.Errorf("%v is granted both cluster-wide and per namespace", g)
 		}
-		if !clusterWide[g[0]+"/"+g[1]] {
-			t.Errorf("%v is granted cluster-wide", g)
-		}
 	}
 	for _, want := range [][3]string{
 		{"kvcluster.io", "kvclusters/finalizers", "update"}, {"kvcluster.io", "kvclusters", "patch"},
@@ -73,5 +71,25 @@ func TestNamespacedRulesGrantWhatTheClusterRoleDoes(t *testing.T) {
 		if len(r.APIGroups) != 1 {
 			t.Errorf("rule %+v names %d groups, want one", r, len(r.APIGroups))
 		}
+	}
+}
+
+// TestNamespacedRulesKeepWhatNarrowsARule: a rule limited to some objects stays so limited, and
+// non-resource URLs (never namespaced) stay cluster-wide.
+func TestNamespacedRulesKeepWhatNarrowsARule(t *testing.T) {
+	cluster, namespaced := NamespacedRules([]rbacv1.PolicyRule{
+		{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"kvcluster.io"}, Resources: []string{"kvclusters"}, ResourceNames: []string{"one"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"one"}, Verbs: []string{"get"}},
+	})
+	wantCluster := []rbacv1.PolicyRule{
+		{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"kvcluster.io"}, Resources: []string{"kvclusters"}, ResourceNames: []string{"one"}, Verbs: []string{"get"}},
+	}
+	wantNamespaced := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"one"}, Verbs: []string{"get"}},
+	}
+	if !reflect.DeepEqual(cluster, wantCluster) || !reflect.DeepEqual(namespaced, wantNamespaced) {
+		t.Errorf("split into\n%#v\n%#v\nwant\n%#v\n%#v", cluster, namespaced, wantCluster, wantNamespaced)
 	}
 }

@@ -113,7 +113,8 @@ func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, 
 
 // installChart installs deploy/helm/kvcluster-operator the way the README says: into a namespace
 // made beforehand with the restricted Pod Security level deploy/default gives its own; with the
-// values given (helm's --set ...), the others default.
+// values given (helm's --set ...), the others default (not those of an earlier install, which an
+// upgrade without values would keep).
 func installChart(cfg *envconf.Config, helm string, values ...string) error {
 	if out, err := kubectl(cfg, "create", "namespace", operatorNamespace); err != nil && !strings.Contains(out, "AlreadyExists") {
 		return fmt.Errorf("create the operator's namespace: %v\n%s", err, out)
@@ -122,7 +123,7 @@ func installChart(cfg *envconf.Config, helm string, values ...string) error {
 		return fmt.Errorf("label the operator's namespace: %v\n%s", err, out)
 	}
 	args := append([]string{"upgrade", "--install", "kvcluster-operator", filepath.Join("..", "deploy", "helm", "kvcluster-operator"),
-		"--kubeconfig", cfg.KubeconfigFile(), "--namespace", operatorNamespace}, values...)
+		"--kubeconfig", cfg.KubeconfigFile(), "--namespace", operatorNamespace, "--reset-values"}, values...)
 	out, err := exec.Command(helm, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("install the operator with its Helm chart: %v\n%s", err, out)

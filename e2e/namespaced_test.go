@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,16 +25,16 @@ import (
 // of a watched namespace (members, their TLS Secrets, an on-demand backup Job) with that
 // namespace's Role alone, leaves another namespace's cluster alone, and a watched namespace
 // deleted whole goes away: the namespace controller deletes the operator's Role there while the
-// cluster still holds the operator's finalizer.
+// cluster still holds the operator's finalizer. Restarted, the operator leaves that namespace out.
 func TestANamespacedInstall(t *testing.T) {
 	helm := os.Getenv("KVC_HELM")
 	if helm == "" {
 		t.Skip("needs the operator installed with its Helm chart (KVC_HELM, as make e2e-local sets)")
 	}
 	var (
-		watched, elsewhere string
-		kvc, theirs        *kvv1.KVCluster
-		s3                 *s3Store
+		watched, spare, elsewhere string
+		kvc, theirs               *kvv1.KVCluster
+		s3                        *s3Store
 	)
 	reinstall := func(t *testing.T, cfg *envconf.Config, values ...string) {
 		t.Helper()
@@ -46,13 +47,16 @@ func TestANamespacedInstall(t *testing.T) {
 	}
 	f := features.New("an operator watching some namespaces").
 		Setup(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			watched, elsewhere = envconf.RandomName("kvc-watched", 16), envconf.RandomName("kvc-elsewhere", 18)
-			for _, ns := range []string{watched, elsewhere} {
+			watched, spare, elsewhere = envconf.RandomName("kvc-watched", 16), envconf.RandomName("kvc-spare", 14), envconf.RandomName("kvc-elsewhere", 18)
+			for _, ns := range []string{watched, spare, elsewhere} {
 				if err := cfg.Client().Resources().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			reinstall(t, cfg, "--set", "watchNamespaces={"+watched+"}")
+			reinstall(t, cfg, "--set", "watchNamespaces={"+watched+","+spare+"}")
+			// Back to every namespace for the tests that follow, also when a step below fails
+			// (a Setup that fails skips the Teardown).
+			t.Cleanup(func() { reinstall(t, cfg) })
 			// Created before the watched one: by the time that is Ready, this one would have been
 			// reconciled too if its namespace were watched.
 			theirs = &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Name: "theirs", Namespace: elsewhere},
@@ -108,14 +112,28 @@ func TestANamespacedInstall(t *testing.T) {
 			t.Logf("namespace %s deleted in %s", watched, time.Since(start).Round(time.Second))
 			return ctx
 		}).
+		Assess("restarted, the operator starts without the deleted namespace, saying so", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			if out, err := kubectl(cfg, "-n", operatorNamespace, "rollout", "restart", "deploy/"+operatorDeployment); err != nil {
+				t.Fatalf("restart the operator: %v\n%s", err, out)
+			}
+			if out, err := kubectl(cfg, "-n", operatorNamespace, "rollout", "status", "deploy/"+operatorDeployment, "--timeout=3m"); err != nil {
+				logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--tail=20")
+				t.Fatalf("the operator did not start again: %v\n%s\n%s", err, out, logs)
+			}
+			if logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment); !strings.Contains(logs, watched) || !strings.Contains(logs, "does not exist") {
+				t.Errorf("the operator's log does not say that %s is not watched:\n%s", watched, logs)
+			}
+			return ctx
+		}).
 		Teardown(func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			// Back to every namespace for the tests that follow; the cluster never reconciled has no
-			// finalizer and goes first, so the operator does not start it now.
+			// Before the operator watches every namespace again: the cluster never reconciled has
+			// no finalizer and goes at once, so the operator does not start it.
 			if theirs != nil {
 				_ = cfg.Client().Resources().Delete(ctx, theirs)
 			}
-			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: elsewhere}})
-			reinstall(t, cfg)
+			for _, ns := range []string{elsewhere, spare} {
+				_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+			}
 			return ctx
 		}).Feature()
 	testenv.Test(t, f)

@@ -18,7 +18,9 @@ import (
 	"strings"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -59,7 +61,7 @@ func main() {
 		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE, else the service account's; none outside the cluster)")
 		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
 		pprofAddr      = flag.String("pprof-bind-address", "0", "address serving Go's profiles at /debug/pprof/ (e.g. 127.0.0.1:6060, for diagnosing CPU or memory use); 0 disables it")
-		watch          = flag.String("watch-namespaces", "", "namespaces whose KVClusters the operator runs (ns[,ns...]), with Roles in each of them and a ClusterRole only for KVClusters, namespaces and the metrics endpoint's reviews (see the README); empty: every namespace")
+		watch          = flag.String("watch-namespaces", "", "namespaces whose KVClusters the operator runs (ns[,ns...]), with Roles in each of them and a ClusterRole only for KVClusters, namespaces, StorageClasses and the metrics endpoint's reviews (see the README); empty: every namespace")
 		workers        = flag.Int("max-concurrent-reconciles", 32, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others (a reconcile mostly waits on the API server and etcd)")
 	)
 	opts := zap.Options{Development: false}
@@ -88,6 +90,23 @@ func main() {
 	scheme := runtime.NewScheme()
 	must(clientgoscheme.AddToScheme(scheme))
 	must(kvv1.AddToScheme(scheme))
+	if len(namespaces) > 0 {
+		// The cache waits for every watched namespace's objects, which a namespace deleted (or
+		// re-created) without the operator's Role never gives: the operator would not start at all.
+		api, err := client.New(ctrl.GetConfigOrDie(), client.Options{Scheme: scheme})
+		if err != nil {
+			log.Error(err, "cannot reach the API server")
+			os.Exit(1)
+		}
+		var left map[string]string
+		if namespaces, left, err = watchableNamespaces(api, namespaces); err != nil {
+			log.Error(err, "--watch-namespaces")
+			os.Exit(1)
+		}
+		for ns, why := range left {
+			log.Info("WARNING: a namespace of --watch-namespaces is not watched until the operator restarts", "namespace", ns, "why", why)
+		}
+	}
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
@@ -216,6 +235,42 @@ func watchNamespaces(flag string) ([]string, error) {
 		namespaces = append(namespaces, ns)
 	}
 	return namespaces, nil
+}
+
+// watchableNamespaces are the watched namespaces that exist, are not being deleted, and whose
+// objects the operator may list (its Role there exists); the others are left out, each with why.
+// None left is an error: the operator would have nothing to watch.
+func watchableNamespaces(c client.Client, namespaces []string) (watchable []string, left map[string]string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	left = map[string]string{}
+	for _, name := range namespaces {
+		var ns corev1.Namespace
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, &ns); apierrors.IsNotFound(err) {
+			left[name] = "it does not exist"
+			continue
+		} else if err != nil {
+			return nil, nil, fmt.Errorf("read namespace %s: %w", name, err)
+		} else if ns.DeletionTimestamp != nil {
+			left[name] = "it is being deleted"
+			continue
+		}
+		// Re-created after a deletion, a namespace no longer has the operator's Role.
+		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: name, Verb: "list", Group: "apps", Resource: "statefulsets"}}}
+		if err := c.Create(ctx, review); err != nil {
+			return nil, nil, fmt.Errorf("ask whether the operator may work in namespace %s: %w", name, err)
+		}
+		if !review.Status.Allowed {
+			left[name] = "the operator may not list StatefulSets there: its Role there is missing (re-install or upgrade the chart)"
+			continue
+		}
+		watchable = append(watchable, name)
+	}
+	if len(watchable) == 0 {
+		return nil, left, fmt.Errorf("none of the watched namespaces can be watched: %v", left)
+	}
+	return watchable, left, nil
 }
 
 func must(err error) {

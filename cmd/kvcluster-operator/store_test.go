@@ -20,7 +20,8 @@ func TestStoreCredentials(t *testing.T) {
 	if err := os.WriteFile(token, []byte("pod token"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE"} {
+	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_REGION",
+		"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN"} {
 		t.Setenv(k, "")
 	}
 	t.Setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", agent.URL)
@@ -40,6 +41,32 @@ func TestStoreCredentials(t *testing.T) {
 			}
 			if _, err := f.open(); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("open() = %v, want an error with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestAMemberThatRestoresNothingNeedsNoCredentials: a member that joins a running cluster, or
+// restarts with its data, never reaches the backup's store, so neither missing keys nor an
+// unreachable identity provider keeps it from starting.
+func TestAMemberThatRestoresNothingNeedsNoCredentials(t *testing.T) {
+	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI"} {
+		t.Setenv(k, "")
+	}
+	for _, tc := range []struct{ name, state string }{{"joining", "existing"}, {"restarted with data", "new"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			data := filepath.Join(dir, "data")
+			if err := os.MkdirAll(filepath.Join(data, "member"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			log := filepath.Join(dir, "termination-log")
+			code := runRestoreFetch([]string{"--s3-endpoint=s3:7070", "--bucket=b", "--key=team/kv-final.db", "--data-dir=" + data,
+				"--out=" + filepath.Join(dir, "snapshot.db"), "--copy-self-to=" + filepath.Join(dir, "restore"),
+				"--initial-cluster-state=" + tc.state, "--termination-log=" + log})
+			if code != 0 {
+				msg, _ := os.ReadFile(log)
+				t.Errorf("restore-fetch exited %d: %s", code, msg)
 			}
 		})
 	}

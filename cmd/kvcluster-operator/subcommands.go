@@ -146,6 +146,9 @@ func runBackup(args []string) int {
 // must not restore the backup: it would come up with old data under the cluster's identity.
 const joiningMessage = "the member joins a running cluster, which sends it the current data: nothing to restore"
 
+// hasDataMessage: a member restarted after it restored (or formed) keeps its data.
+const hasDataMessage = "the member already has data: nothing to restore"
+
 // runRestoreFetch is a restoring member's first init container (operator image): it copies this
 // binary for the second one and downloads and verifies the snapshot, unless the member has data.
 func runRestoreFetch(args []string) int {
@@ -164,16 +167,22 @@ func runRestoreFetch(args []string) int {
 	if err := requireFlags(map[string]string{"--key": *key, "--data-dir": *dataDir, "--out": *out, "--copy-self-to": *copyTo}); err != nil {
 		return fail(*terminationLog, "restore", err)
 	}
-	store, err := where.open()
-	if err != nil {
-		return fail(*terminationLog, "restore", err)
-	}
 	if err := backup.CopyExecutable(*copyTo); err != nil {
 		return fail(*terminationLog, "restore", fmt.Errorf("copy the restore program: %w", err))
 	}
 	if *clusterState == "existing" {
 		fmt.Println(joiningMessage)
 		return 0
+	}
+	if backup.HasData(*dataDir) {
+		fmt.Println(hasDataMessage)
+		return 0
+	}
+	// Only a member that restores reaches the store: the others need neither its credentials nor
+	// a workload identity's provider.
+	store, err := where.open()
+	if err != nil {
+		return fail(*terminationLog, "restore", err)
 	}
 	ctx, cancel := signalContext(30 * time.Minute)
 	defer cancel()
@@ -182,7 +191,7 @@ func runRestoreFetch(args []string) int {
 		return fail(*terminationLog, "restore", err)
 	}
 	if skipped {
-		fmt.Println("the member already has data: nothing to restore")
+		fmt.Println(hasDataMessage)
 	} else {
 		fmt.Printf("fetched and verified %s\n", store.URI(*key))
 	}
@@ -221,7 +230,7 @@ func runRestoreApply(args []string) int {
 		return fail(*terminationLog, "restore", err)
 	}
 	if skipped {
-		fmt.Println("the member already has data: nothing to restore")
+		fmt.Println(hasDataMessage)
 	} else {
 		fmt.Printf("restored %s into %s as member %s\n", *snapshot, *dataDir, m.Name)
 	}

@@ -1,9 +1,17 @@
 package main
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 )
 
 func TestWatchNamespaces(t *testing.T) {
@@ -34,5 +42,34 @@ func TestWatchNamespaces(t *testing.T) {
 				t.Errorf("watchNamespaces(%q) = %q, %v; want %q", tc.flag, got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestOnlyWatchableNamespacesAreWatched: a watched namespace deleted, or re-created without the
+// operator's Role, would keep the cache from ever syncing, so the operator from starting: it is
+// left out, saying why.
+func TestOnlyWatchableNamespacesAreWatched(t *testing.T) {
+	deleting := metav1.Now()
+	api := interceptor.NewClient(fake.NewClientBuilder().WithObjects(
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b", DeletionTimestamp: &deleting, Finalizers: []string{"kubernetes"}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-d"}}, // re-created: no Role
+	).Build(), interceptor.Funcs{Create: func(_ context.Context, _ client.WithWatch, obj client.Object, _ ...client.CreateOption) error {
+		review := obj.(*authorizationv1.SelfSubjectAccessReview)
+		attrs := review.Spec.ResourceAttributes
+		review.Status.Allowed = attrs.Namespace == "team-a" && attrs.Verb == "list" && attrs.Group == "apps" && attrs.Resource == "statefulsets"
+		return nil
+	}})
+	watchable, left, err := watchableNamespaces(api, []string{"team-a", "team-b", "team-c", "team-d"})
+	if err != nil || !slices.Equal(watchable, []string{"team-a"}) {
+		t.Fatalf("watchableNamespaces = %v, %v; want team-a alone", watchable, err)
+	}
+	for ns, why := range map[string]string{"team-b": "being deleted", "team-c": "does not exist", "team-d": "Role there is missing"} {
+		if !strings.Contains(left[ns], why) {
+			t.Errorf("%s left out because %q, want %q", ns, left[ns], why)
+		}
+	}
+	if _, _, err := watchableNamespaces(api, []string{"team-b", "team-c"}); err == nil || !strings.Contains(err.Error(), "none of the watched namespaces") {
+		t.Errorf("no watchable namespace: %v, want an error", err)
 	}
 }

@@ -222,6 +222,7 @@ func BackupJob(kvc *kvv1.KVCluster, run BackupRun, image string) *batchv1ac.JobA
 		WithLabels(JobPodLabels(labels)).
 		WithSpec(pod.WithContainers(container))
 	placePod(kvc, tmpl)
+	reachStore(kvc, tmpl)
 	return batchv1ac.Job(run.Job, kvc.Namespace).
 		WithLabels(labels).
 		WithAnnotations(run.Annotations).

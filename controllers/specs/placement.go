@@ -13,12 +13,13 @@ import (
 )
 
 // placeMembers puts spec.pods on the members' pod template: where they run (node selector,
-// tolerations, affinity, topology spread, priority), the image pull secrets, and the extra labels
+// tolerations, affinity, topology spread, priority), the image pull secrets, the service account, and the extra labels
 // and annotations (the operator's own labels win). Unset affinity: preferably no two members on
 // one node; unset spread: across zones and nodes, softly.
 func placeMembers(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfiguration) {
 	policy := kvc.Spec.Pods
 	placePod(kvc, tmpl)
+	reachStore(kvc, tmpl)
 	members := metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(kvc))
 	if policy.Affinity != nil {
 		tmpl.Spec.WithAffinity(applyConfigOf[corev1ac.AffinityApplyConfiguration](policy.Affinity))
@@ -46,8 +47,7 @@ func placeMembers(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfig
 }
 
 // placePod puts what spec.pods says of every pod, a member's or a Job's, on a pod template: node
-// selector, tolerations, priority, image pull secrets, service account, extra labels and
-// annotations. The
+// selector, tolerations, priority, image pull secrets, extra labels and annotations. The
 // template's own labels are set already and win, and no extra label may take a key of the
 // operator's (admission refuses them too). Affinity and spread are the members' alone.
 func placePod(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfiguration) {
@@ -70,8 +70,14 @@ func placePod(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfigurat
 	for _, s := range policy.ImagePullSecrets {
 		tmpl.Spec.WithImagePullSecrets(corev1ac.LocalObjectReference().WithName(s.Name))
 	}
-	if policy.ServiceAccountName != "" {
-		tmpl.Spec.WithServiceAccountName(policy.ServiceAccountName)
+}
+
+// reachStore gives the pods that reach the backups' store (members, which restore, and backup
+// Jobs) spec.pods.serviceAccountName, whose cloud identity s3.workloadIdentity uses. Not the
+// deregistration Job: it runs an image of the user's choosing and needs no bucket.
+func reachStore(kvc *kvv1.KVCluster, tmpl *corev1ac.PodTemplateSpecApplyConfiguration) {
+	if name := kvc.Spec.Pods.ServiceAccountName; name != "" {
+		tmpl.Spec.WithServiceAccountName(name)
 	}
 }
 

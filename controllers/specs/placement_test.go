@@ -80,7 +80,7 @@ func TestPodPolicy(t *testing.T) {
 		wantJob: func(t *testing.T, pod corev1.PodTemplateSpec) {
 			s := pod.Spec
 			if s.NodeSelector["pool"] != "etcd" || !reflect.DeepEqual(s.Tolerations, tolerate) || s.PriorityClassName != "etcd-critical" ||
-				len(s.ImagePullSecrets) != 1 || pod.Labels["team"] != "payments" || pod.Annotations["cost-center"] != "42" || s.ServiceAccountName != "backups" {
+				len(s.ImagePullSecrets) != 1 || pod.Labels["team"] != "payments" || pod.Annotations["cost-center"] != "42" {
 				t.Errorf("Job pod %+v", pod)
 			}
 			if s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken {
@@ -118,7 +118,17 @@ func TestPodPolicy(t *testing.T) {
 				"backup":         OnDemandBackupJob(kvc, "now", "http", "op:1", time.Unix(0, 0)).Spec.Template,
 				"deregistration": DeregistrationJob(kvc, "op:1", "").Spec.Template,
 			} {
-				t.Run(name, func(t *testing.T) { tt.wantJob(t, podOf(t, job)) })
+				t.Run(name, func(t *testing.T) {
+					pod := podOf(t, job)
+					tt.wantJob(t, pod)
+					want := tt.policy.ServiceAccountName
+					if name == "deregistration" {
+						want = "" // it runs an image of the user's choosing and needs no bucket
+					}
+					if pod.Spec.ServiceAccountName != want {
+						t.Errorf("service account %q, want %q", pod.Spec.ServiceAccountName, want)
+					}
+				})
 			}
 		})
 	}
