@@ -120,7 +120,17 @@ func TestANamespacedInstall(t *testing.T) {
 				logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--tail=20")
 				t.Fatalf("the operator did not start again: %v\n%s\n%s", err, out, logs)
 			}
-			if logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment); !strings.Contains(logs, watched) || !strings.Contains(logs, "does not exist") {
+			// The newest pod's: the one before may still be terminating.
+			newest, err := kubectl(cfg, "-n", operatorNamespace, "get", "pods", "-l", "app.kubernetes.io/name=kvcluster-operator",
+				"--sort-by=.metadata.creationTimestamp", "-o", "name")
+			if err != nil {
+				t.Fatalf("list the operator's pods: %v\n%s", err, newest)
+			}
+			pods := strings.Fields(newest)
+			if len(pods) == 0 {
+				t.Fatal("no operator pod")
+			}
+			if logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", pods[len(pods)-1]); !strings.Contains(logs, watched) || !strings.Contains(logs, "does not exist") {
 				t.Errorf("the operator's log does not say that %s is not watched:\n%s", watched, logs)
 			}
 			return ctx
