@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -84,6 +85,9 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 		return obs, nil, err
 	}
 	if obs.ExpandableClasses, err = r.expandableClasses(ctx, kvc, obs.Claims); err != nil {
+		return obs, nil, err
+	}
+	if obs.MissingPodReferences, err = r.missingPodReferences(ctx, kvc, obs.Pods); err != nil {
 		return obs, nil, err
 	}
 
@@ -277,6 +281,43 @@ func (r *KVClusterReconciler) expandableClasses(ctx context.Context, kvc *kvv1.K
 		}
 	}
 	return out, nil
+}
+
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
+// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get
+
+// missingPodReferences are the ServiceAccount and PriorityClass spec.pods names that do not
+// exist: the StatefulSet controller could not create a member restarted onto the new template.
+// They are read (by name, on the API server) only while a member pod is outdated.
+func (r *KVClusterReconciler) missingPodReferences(ctx context.Context, kvc *kvv1.KVCluster, pods map[int]plan.Pod) ([]string, error) {
+	outdated := false
+	for _, p := range pods {
+		outdated = outdated || p.Outdated
+	}
+	if !outdated {
+		return nil, nil
+	}
+	var missing []string
+	check := func(kind string, key client.ObjectKey, obj client.Object) error {
+		switch err := r.APIReader.Get(ctx, key, obj); {
+		case apierrors.IsNotFound(err):
+			missing = append(missing, kind+" "+key.Name)
+		case err != nil:
+			return fmt.Errorf("get %s %s: %w", kind, key.Name, err)
+		}
+		return nil
+	}
+	if name := kvc.Spec.Pods.ServiceAccountName; name != "" {
+		if err := check("ServiceAccount", client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &corev1.ServiceAccount{}); err != nil {
+			return nil, err
+		}
+	}
+	if name := kvc.Spec.Pods.PriorityClassName; name != "" {
+		if err := check("PriorityClass", client.ObjectKey{Name: name}, &schedulingv1.PriorityClass{}); err != nil {
+			return nil, err
+		}
+	}
+	return missing, nil
 }
 
 // observeJobs reads the cluster's backup Jobs, sorted by name, with the report of the newest

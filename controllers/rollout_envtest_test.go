@@ -12,6 +12,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -748,4 +749,49 @@ func TestAPodPolicyChangeRollsTheMembers(t *testing.T) {
 		t.Errorf("steps = %v, want %v", steps, want)
 	}
 	h.assertIdle(kvc, "after the roll")
+}
+
+// TestAPodPolicyNamingWhatDoesNotExistRestartsNoMember: a member restarted onto a template
+// naming a ServiceAccount or PriorityClass that does not exist would not come back (its pod is not
+// created): the roll waits, saying which, and goes on once they exist.
+func TestAPodPolicyNamingWhatDoesNotExistRestartsNoMember(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("missingrefs")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+	h.setSpec(kvc, func(k *kvv1.KVCluster) {
+		k.Spec.Pods = kvv1.PodPolicy{ServiceAccountName: "etcd-backups", PriorityClassName: "etcd-critical-" + ns}
+	})
+	for range 3 {
+		if steps := sim.step(); len(steps) > 0 {
+			t.Fatalf("the operator acted on a template whose pods could not be created: %v", steps)
+		}
+	}
+	got := h.fresh(kvc)
+	c := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReconciling)
+	if c == nil || c.Reason != plan.ReasonPodsNotCreatable || !strings.Contains(c.Message, "ServiceAccount etcd-backups and PriorityClass etcd-critical-"+ns) {
+		t.Fatalf("Reconciling condition %+v, want %s naming both", c, plan.ReasonPodsNotCreatable)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning "+plan.ReasonPodsNotCreatable) {
+		t.Errorf("events = %q, want a Warning %s", ev, plan.ReasonPodsNotCreatable)
+	}
+
+	ctx := context.Background()
+	priority := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "etcd-critical-" + ns}, Value: 1000}
+	for _, obj := range []client.Object{&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "etcd-backups"}}, priority} {
+		if err := h.client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = h.client.Delete(ctx, priority) })
+	var steps []string
+	for range 12 {
+		steps = append(steps, sim.step()...)
+		if len(steps) > 0 && h.fresh(kvc).Status.Phase == kvv1.PhaseReady {
+			break
+		}
+	}
+	if want := []string{"restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}; !slices.Equal(steps, want) {
+		t.Errorf("once they exist, steps = %v, want %v", steps, want)
+	}
 }

@@ -24,7 +24,8 @@ func OperatorRole() (*rbacv1.ClusterRole, error) {
 // clusterWide are the resources an install that watches only some namespaces still needs in
 // every namespace: those that are not namespaced (the metrics endpoint's reviews; a namespace,
 // read to know whether it is being deleted; a claim's StorageClass, read to know whether it can
-// grow), and the KVClusters themselves. A deleted namespace
+// grow; the PriorityClass spec.pods names, read to know whether a member's pod can be created),
+// and the KVClusters themselves. A deleted namespace
 // takes its Roles with it while its KVClusters still hold the operator's finalizer: only a
 // cluster-wide grant lets the operator see that the namespace is going and let its clusters go.
 // The cache still watches the watched namespaces only.
@@ -33,6 +34,7 @@ var clusterWide = map[string]bool{
 	"authentication.k8s.io/tokenreviews":        true,
 	"authorization.k8s.io/subjectaccessreviews": true,
 	"storage.k8s.io/storageclasses":             true,
+	"scheduling.k8s.io/priorityclasses":         true,
 	"kvcluster.io/kvclusters":                   true,
 	"kvcluster.io/kvclusters/status":            true,
 	"kvcluster.io/kvclusters/finalizers":        true,

@@ -50,6 +50,9 @@ type Observation struct {
 	ClaimsBeingDeleted []int
 	// STSAwaitedPods is the StatefulSet's specs.AwaitedPodsAnnotation.
 	STSAwaitedPods string
+	// MissingPodReferences are what spec.pods names that does not exist ("ServiceAccount x",
+	// "PriorityClass y"): a pod naming one is not created. Read only while a member is outdated.
+	MissingPodReferences []string
 	// ExpandableClasses says, for the StorageClass of each claim still to be expanded, whether it
 	// allows volume expansion; a class that does not exist is absent.
 	ExpandableClasses map[string]bool

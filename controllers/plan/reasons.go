@@ -25,6 +25,9 @@ const (
 	ReasonMembershipUnknown = "MembershipUnknown"
 	ReasonUnknownMember     = "UnknownMember"
 	ReasonExpandingVolumes  = "ExpandingVolumes"
+	// ReasonPodsNotCreatable: spec.pods names something that does not exist, so no member is
+	// restarted onto a template whose pods could not be created.
+	ReasonPodsNotCreatable = "PodsNotCreatable"
 
 	// Objects the cluster needs but may not write.
 	ReasonObjectConflict  = "ObjectConflict"
@@ -97,7 +100,7 @@ const (
 )
 
 // warningReasons are verdicts that need a person even when the phase stays the same.
-var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true,
+var warningReasons = map[string]bool{ReasonUnknownMember: true, ReasonPodsNotCreatable: true, ReasonObjectConflict: true, ReasonLeftoverVolumes: true, ReasonApplyRejected: true,
 	ReasonTLSInvalid: true, ReasonVolumeExpansionUnsupported: true}
 
 // blockingReasons are the verdicts of blockedVerdict: they end by themselves once the cause is gone.

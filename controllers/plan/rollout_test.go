@@ -103,6 +103,15 @@ func TestPlanRollout(t *testing.T) {
 			p.Ready = false
 			s.obs.Pods[1] = p
 		}), wantPending: true, wantAction: ActRestartPod, wantMember: "kv-1", wantTo: 0},
+		{name: "a template whose pods could not be created restarts no member, not even an unhealthy one", s: formed(3, from).upgradeTo(to).with(func(s *scenario) {
+			s.member(1).Healthy = false
+			s.obs.MissingPodReferences = []string{"ServiceAccount etcd-backups"}
+		}), wantPending: true, wantAction: ActWait, wantMember: "spec.pods names ServiceAccount etcd-backups, which does not exist", wantTo: 0,
+			check: func(t *testing.T, got Rollout) {
+				if got.Reason != ReasonPodsNotCreatable {
+					t.Errorf("reason %s, want %s", got.Reason, ReasonPodsNotCreatable)
+				}
+			}},
 		{name: "upgrade: wait while a restarted member's pod is gone", s: formed(3, from).upgradeTo(to).with(func(s *scenario) { delete(s.obs.Pods, 2) }),
 			wantPending: true, wantAction: ActWait, wantMember: "come back", wantTo: 0},
 		{name: "upgrade: wait while a pod terminates (resume after an operator restart)", s: formed(3, from).upgradeTo(to).with(func(s *scenario) {

@@ -31,9 +31,11 @@ type PodPolicyApplyConfiguration struct {
 	// ImagePullSecrets to pull the etcd image (members) and the operator's image (Jobs) from a
 	// private registry: Secrets in the KVCluster's namespace.
 	ImagePullSecrets []v1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
-	// ServiceAccountName of members and Jobs, e.g. one bound to a cloud role so that backups and
-	// restores reach the bucket without static keys (s3.workloadIdentity). No API token is mounted
-	// (the cloud's own webhook or agent gives its credentials). Unset: the namespace's default.
+	// ServiceAccountName of the pods that reach the backups' store: members (a restore runs in
+	// them) and backup Jobs, not the deregistration Job. E.g. one bound to a cloud role, so that
+	// backups and restores reach the bucket without static keys (s3.workloadIdentity). No API
+	// token is mounted (the cloud's webhook or agent gives its credentials). It must exist: a pod
+	// naming a missing one is not created. Unset: the namespace's default.
 	ServiceAccountName *string `json:"serviceAccountName,omitempty"`
 }
 
