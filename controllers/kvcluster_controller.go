@@ -4,6 +4,7 @@ package controllers
 import (
 	"context"
 	"maps"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -48,6 +49,9 @@ type KVClusterReconciler struct {
 	BackupImage string
 	// Operator is where the operator's own pods run: every cluster's NetworkPolicy admits them.
 	Operator specs.OperatorPods
+	// Leaving are the namespaces the operator watches only the KVClusters of (CacheOptionsLeaving):
+	// being deleted, nothing else of theirs is cached.
+	Leaving []string
 	// Workers is how many clusters are reconciled at once (one cluster is never reconciled twice
 	// at once): a cluster whose members answer slowly, or not at all, must not hold up the others.
 	Workers int
@@ -60,7 +64,17 @@ type KVClusterReconciler struct {
 // it keeps no managed fields: the operator compares what it owns (Extract) only of the objects it
 // applies whole (applyOwned), and who manages which field is a large part of a Pod. Given
 // namespaces, it watches only those (an install whose Roles grant nothing elsewhere); none: all.
-func CacheOptions(namespaces ...string) cache.Options {
+func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeaving(namespaces, nil) }
+
+// An operator that watches some namespaces asks at start whether it may work in each (its Role
+// there may be gone), rather than rely on every cluster granting system:basic-user.
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=selfsubjectaccessreviews,verbs=create
+
+// CacheOptionsLeaving are CacheOptions for an operator that watches namespaces, where the
+// namespaces leaving are being deleted: their KVClusters are watched too (a ClusterRole grants
+// KVClusters everywhere), so that their finalizers are let go, and nothing else of them is (their
+// Roles may be gone already, and a cache that cannot list is never ready).
+func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
 	options := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&appsv1.StatefulSet{}:           owned,
@@ -75,6 +89,13 @@ func CacheOptions(namespaces ...string) cache.Options {
 		for _, ns := range namespaces {
 			options.DefaultNamespaces[ns] = cache.Config{}
 		}
+	}
+	if len(namespaces) > 0 && len(leaving) > 0 {
+		clusters := cache.ByObject{Namespaces: maps.Clone(options.DefaultNamespaces)}
+		for _, ns := range leaving {
+			clusters.Namespaces[ns] = cache.Config{}
+		}
+		options.ByObject[&kvv1.KVCluster{}] = clusters
 	}
 	withoutManagedFields := owned
 	withoutManagedFields.Transform = cache.TransformStripManagedFields()
@@ -127,6 +148,9 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	var kvc kvv1.KVCluster
 	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)
+		if slices.Contains(r.Leaving, req.Namespace) {
+			return ctrl.Result{}, nil // its guard goes with the namespace
+		}
 		// Gone without its finalizer (removed by hand): its guard would keep its members for ever.
 		return ctrl.Result{}, countError("load", r.deleteGuard(ctx, req.Namespace, req.Name, ""))
 	} else if err != nil {

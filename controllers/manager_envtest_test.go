@@ -18,7 +18,6 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -90,18 +89,19 @@ func startManager(t *testing.T, etcd members.Client) { startManagerWith(t, etcd,
 
 func startManagerWith(t *testing.T, etcd members.Client, workers int) {
 	t.Helper()
-	startManagerAs(t, operatorConfig, CacheOptions(), etcd, workers)
+	startManagerAs(t, operatorConfig, nil, nil, etcd, workers)
 }
 
-// startManagerAs runs the reconciler in a real manager as the user cfg impersonates.
-func startManagerAs(t *testing.T, cfg *rest.Config, cache cache.Options, etcd members.Client, workers int) {
+// startManagerAs runs the reconciler in a real manager as the user cfg impersonates, watching the
+// namespaces given (nil: all), and the KVClusters of those leaving, as the operator binary does.
+func startManagerAs(t *testing.T, cfg *rest.Config, watched, leaving []string, etcd members.Client, workers int) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Client:                 client.Options{FieldOwner: specs.FieldManager},
-		Cache:                  cache,
+		Cache:                  CacheOptionsLeaving(watched, leaving),
 		// Each test starts its own manager with the same controller name.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
@@ -109,7 +109,7 @@ func startManagerAs(t *testing.T, cfg *rest.Config, cache cache.Options, etcd me
 		t.Fatal(err)
 	}
 	r := &KVClusterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(specs.FieldManager),
-		Members: etcd, Clock: clock.RealClock{}, BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test", Workers: workers}
+		Members: etcd, Clock: clock.RealClock{}, BackupImage: "ghcr.io/kvcluster/kvcluster-operator:test", Workers: workers, Leaving: leaving}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

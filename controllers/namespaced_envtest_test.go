@@ -74,7 +74,7 @@ func TestAnOperatorWatchingSomeNamespacesRunsTheirClustersAlone(t *testing.T) {
 	h.create(theirs)
 	kvc := newKVCluster(watched, "kv", 3)
 	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
-	startManagerAs(t, asNamespacedOperator(t, "ops-"+watched, watched), CacheOptions(watched), h.members, 8)
+	startManagerAs(t, asNamespacedOperator(t, "ops-"+watched, watched), []string{watched}, nil, h.members, 8)
 
 	h.create(kvc)
 	eventually(t, "the watched namespace's KVCluster started no reconcile", func() bool {
@@ -123,4 +123,31 @@ func TestDeletingAWatchedNamespaceLetsItsClustersGo(t *testing.T) {
 	if ev := drainEvents(h); !strings.Contains(ev, "namespace is being deleted") {
 		t.Errorf("events = %q, want why no final backup was taken", ev)
 	}
+}
+
+// TestAnOperatorStartedWhileAWatchedNamespaceIsDeletedLetsItsClustersGo: started (restarted,
+// newly elected) while a watched namespace is being deleted and its Role is gone already, the
+// operator still watches that namespace's KVClusters, and lets them go, rather than leave the
+// namespace Terminating for good.
+func TestAnOperatorStartedWhileAWatchedNamespaceIsDeletedLetsItsClustersGo(t *testing.T) {
+	admin := newHarness(t)
+	ns, spare := admin.namespace("leaving"), admin.namespace("spare")
+	operator := asNamespacedOperator(t, "ops-"+ns, ns, spare)
+	h := newHarnessAs(t, operator)
+	kvc := withBackups(newKVCluster(ns, "kv", 1), "")
+	h.readyCluster(kvc)
+	// What the namespace controller does first, while no operator runs.
+	for _, obj := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}},
+		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv"}},
+		h.fresh(kvc),
+	} {
+		if err := admin.client.Delete(context.Background(), obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startManagerAs(t, operator, []string{spare}, []string{ns}, h.members, 8)
+	eventually(t, "the KVCluster of the namespace being deleted kept its finalizer", func() bool { return h.gone(kvc) })
 }

@@ -391,6 +391,11 @@ func (r *KVClusterReconciler) jobReport(ctx context.Context, job *batchv1.Job, f
 	if fresh {
 		readers = append(readers, r.APIReader)
 	}
+	return r.jobReportFrom(ctx, job, readers...)
+}
+
+// jobReportFrom is the report of a finished Job's pod, read from the first reader that has it.
+func (r *KVClusterReconciler) jobReportFrom(ctx context.Context, job *batchv1.Job, readers ...client.Reader) (string, error) {
 	for _, reader := range readers {
 		var pods corev1.PodList
 		if err := reader.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)}); err != nil {
@@ -503,10 +508,8 @@ func (r *KVClusterReconciler) observeDeletion(ctx context.Context, cached *kvv1.
 		steps[kvv1.StepDeregistration] = specs.DeregistrationJobName(kvc)
 	}
 	for step, name := range steps {
-		sj, found, err := r.observeStepJob(ctx, kvc, step, name)
-		if obs.NamespaceGone && apierrors.IsForbidden(err) {
-			continue // the Roles of an install that watches some namespaces go with the namespace
-		} else if err != nil {
+		sj, found, err := r.observeStepJob(ctx, kvc, step, name, obs.NamespaceGone)
+		if err != nil {
 			return nil, obs, nil, err
 		}
 		if found {
@@ -559,13 +562,36 @@ func (r *KVClusterReconciler) observeDeletionMembers(ctx context.Context, kvc *k
 }
 
 // observeStepJob reads a deletion step's Job, if it exists: whose it is and, once it is done
-// while its step is not over, its report.
-func (r *KVClusterReconciler) observeStepJob(ctx context.Context, kvc *kvv1.KVCluster, step kvv1.DeletionStepName, name string) (plan.StepJob, bool, error) {
+// while its step is not over, its report. In a namespace being deleted (gone) only a Job that
+// finished counts (a running one goes with the namespace), and it is read on the API server: the
+// cache of an operator started during the deletion holds nothing of the namespace, and what may
+// not be read there (the Roles of an install that watches some namespaces go first) is taken as
+// absent, a report that may not be read as none.
+func (r *KVClusterReconciler) observeStepJob(ctx context.Context, kvc *kvv1.KVCluster, step kvv1.DeletionStepName, name string, gone bool) (plan.StepJob, bool, error) {
 	job := &batchv1.Job{}
-	if found, err := r.lookup(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, job); err != nil || !found {
+	key := client.ObjectKey{Namespace: kvc.Namespace, Name: name}
+	readers := []client.Reader{r.Client, r.APIReader}
+	found, err := false, error(nil)
+	if gone {
+		readers = readers[1:]
+		switch err = r.APIReader.Get(ctx, key, job); {
+		case err == nil:
+			found = true
+		case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+			err = nil
+		default:
+			err = fmt.Errorf("get Job %s: %w", key, err)
+		}
+	} else {
+		found, err = r.lookup(ctx, key, job)
+	}
+	if err != nil || !found {
 		return plan.StepJob{}, false, err
 	}
 	sj := plan.StepJob{Job: plan.NewJob(job, "")}
+	if gone && !sj.Done {
+		return plan.StepJob{}, false, nil
+	}
 	rec, _ := plan.FindStep(kvc.Status.Deletion, step)
 	switch {
 	case !controlledBy(job, kvc) && job.Labels[specs.ClusterUIDLabel] != string(kvc.UID):
@@ -573,8 +599,8 @@ func (r *KVClusterReconciler) observeStepJob(ctx context.Context, kvc *kvv1.KVCl
 	case sj.Done && rec.Outcome != kvv1.DeletionSucceeded:
 		// Read while its step is not over, on the API server too if the cache lags; a failed
 		// step that blocks the deletion is decided again from it on every pass.
-		report, err := r.jobReport(ctx, job, true)
-		if err != nil {
+		report, err := r.jobReportFrom(ctx, job, readers...)
+		if err != nil && !(gone && apierrors.IsForbidden(err)) {
 			return plan.StepJob{}, false, err
 		}
 		sj.Report = report

@@ -22,7 +22,8 @@ func OperatorRole() (*rbacv1.ClusterRole, error) {
 }
 
 // clusterWide are the resources an install that watches only some namespaces still needs in
-// every namespace: those that are not namespaced (the metrics endpoint's reviews; a namespace,
+// every namespace: those that are not namespaced (the metrics endpoint's reviews; the operator's
+// own, at start, of whether it may work in a watched namespace; a namespace,
 // read to know whether it is being deleted; a claim's StorageClass, read to know whether it can
 // grow; the PriorityClass spec.pods names, read to know whether a member's pod can be created),
 // and the KVClusters themselves. A deleted namespace
@@ -30,14 +31,15 @@ func OperatorRole() (*rbacv1.ClusterRole, error) {
 // cluster-wide grant lets the operator see that the namespace is going and let its clusters go.
 // The cache still watches the watched namespaces only.
 var clusterWide = map[string]bool{
-	"/namespaces":                               true,
-	"authentication.k8s.io/tokenreviews":        true,
-	"authorization.k8s.io/subjectaccessreviews": true,
-	"storage.k8s.io/storageclasses":             true,
-	"scheduling.k8s.io/priorityclasses":         true,
-	"kvcluster.io/kvclusters":                   true,
-	"kvcluster.io/kvclusters/status":            true,
-	"kvcluster.io/kvclusters/finalizers":        true,
+	"/namespaces":                                   true,
+	"authentication.k8s.io/tokenreviews":            true,
+	"authorization.k8s.io/subjectaccessreviews":     true,
+	"authorization.k8s.io/selfsubjectaccessreviews": true,
+	"storage.k8s.io/storageclasses":                 true,
+	"scheduling.k8s.io/priorityclasses":             true,
+	"kvcluster.io/kvclusters":                       true,
+	"kvcluster.io/kvclusters/status":                true,
+	"kvcluster.io/kvclusters/finalizers":            true,
 }
 
 // NamespacedRules splits the operator's rules for an install that watches some namespaces

@@ -61,7 +61,7 @@ func main() {
 		operatorNS     = flag.String("operator-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the operator's own pods, which every cluster's NetworkPolicy admits to the client port (default: $POD_NAMESPACE, else the service account's; none outside the cluster)")
 		operatorLabels = flag.String("operator-pod-labels", "app.kubernetes.io/name=kvcluster-operator", "labels of the operator's own pods (k=v,...), which every cluster's NetworkPolicy admits to the client port")
 		pprofAddr      = flag.String("pprof-bind-address", "0", "address serving Go's profiles at /debug/pprof/ (e.g. 127.0.0.1:6060, for diagnosing CPU or memory use); 0 disables it")
-		watch          = flag.String("watch-namespaces", "", "namespaces whose KVClusters the operator runs (ns[,ns...]), with Roles in each of them and a ClusterRole only for KVClusters, namespaces, StorageClasses and the metrics endpoint's reviews (see the README); empty: every namespace")
+		watch          = flag.String("watch-namespaces", "", "namespaces whose KVClusters the operator runs (ns[,ns...]), with Roles in each of them and a ClusterRole only for KVClusters and what is not namespaced (see the README); empty: every namespace")
 		workers        = flag.Int("max-concurrent-reconciles", 32, "clusters reconciled at once, so a slow or unreachable cluster does not hold up the others (a reconcile mostly waits on the API server and etcd)")
 	)
 	opts := zap.Options{Development: false}
@@ -90,25 +90,31 @@ func main() {
 	scheme := runtime.NewScheme()
 	must(clientgoscheme.AddToScheme(scheme))
 	must(kvv1.AddToScheme(scheme))
+	config := ctrl.GetConfigOrDie()
+	var leaving []string
 	if len(namespaces) > 0 {
 		// The cache waits for every watched namespace's objects, which a namespace deleted (or
-		// re-created) without the operator's Role never gives: the operator would not start at all.
-		api, err := client.New(ctrl.GetConfigOrDie(), client.Options{Scheme: scheme})
+		// re-created) without the operator's Role never gives: the manager would give up
+		// starting. Of a namespace being deleted only the KVClusters are watched, to let them go.
+		api, err := client.New(config, client.Options{Scheme: scheme})
 		if err != nil {
 			log.Error(err, "cannot reach the API server")
 			os.Exit(1)
 		}
 		var left map[string]string
-		if namespaces, left, err = watchableNamespaces(api, namespaces); err != nil {
+		if namespaces, leaving, left, err = watchableNamespaces(api, namespaces); err != nil {
 			log.Error(err, "--watch-namespaces")
 			os.Exit(1)
 		}
 		for ns, why := range left {
 			log.Info("WARNING: a namespace of --watch-namespaces is not watched until the operator restarts", "namespace", ns, "why", why)
 		}
+		if len(leaving) > 0 {
+			log.Info("namespaces being deleted: only their KVClusters are watched, to let them go", "namespaces", leaving)
+		}
 	}
 
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	mgr, err := ctrl.NewManager(config, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsServing,
 		HealthProbeBindAddress:  *probeAddr,
@@ -117,7 +123,7 @@ func main() {
 		LeaderElectionID:        "kvcluster-operator.kvcluster.io",
 		LeaderElectionNamespace: *leaderNS,
 		Client:                  client.Options{FieldOwner: specs.FieldManager},
-		Cache:                   controllers.CacheOptions(namespaces...),
+		Cache:                   controllers.CacheOptionsLeaving(namespaces, leaving),
 	})
 	if err != nil {
 		log.Error(err, "cannot create the manager")
@@ -157,6 +163,7 @@ func main() {
 		EtcdRepository: *etcdRepository,
 		BackupImage:    jobs,
 		Workers:        *workers,
+		Leaving:        leaving,
 		Operator:       operator,
 	}
 	if operator.Namespace == "" {
@@ -238,9 +245,10 @@ func watchNamespaces(flag string) ([]string, error) {
 }
 
 // watchableNamespaces are the watched namespaces that exist, are not being deleted, and whose
-// objects the operator may list (its Role there exists); the others are left out, each with why.
-// None left is an error: the operator would have nothing to watch.
-func watchableNamespaces(c client.Client, namespaces []string) (watchable []string, left map[string]string, err error) {
+// objects the operator may list (its Role there exists); leaving, those being deleted, of which
+// only the KVClusters are watched; the others are left out, each with why. None watchable is an
+// error: the operator would have nothing to watch.
+func watchableNamespaces(c client.Client, namespaces []string) (watchable, leaving []string, left map[string]string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	left = map[string]string{}
@@ -250,16 +258,16 @@ func watchableNamespaces(c client.Client, namespaces []string) (watchable []stri
 			left[name] = "it does not exist"
 			continue
 		} else if err != nil {
-			return nil, nil, fmt.Errorf("read namespace %s: %w", name, err)
+			return nil, nil, nil, fmt.Errorf("read namespace %s: %w", name, err)
 		} else if ns.DeletionTimestamp != nil {
-			left[name] = "it is being deleted"
+			leaving = append(leaving, name)
 			continue
 		}
 		// Re-created after a deletion, a namespace no longer has the operator's Role.
 		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: name, Verb: "list", Group: "apps", Resource: "statefulsets"}}}
 		if err := c.Create(ctx, review); err != nil {
-			return nil, nil, fmt.Errorf("ask whether the operator may work in namespace %s: %w", name, err)
+			return nil, nil, nil, fmt.Errorf("ask whether the operator may work in namespace %s: %w", name, err)
 		}
 		if !review.Status.Allowed {
 			left[name] = "the operator may not list StatefulSets there: its Role there is missing (re-install or upgrade the chart)"
@@ -268,9 +276,13 @@ func watchableNamespaces(c client.Client, namespaces []string) (watchable []stri
 		watchable = append(watchable, name)
 	}
 	if len(watchable) == 0 {
-		return nil, left, fmt.Errorf("none of the watched namespaces can be watched: %v", left)
+		for _, ns := range leaving {
+			left[ns] = "it is being deleted: its KVClusters keep their finalizer until an operator that watches them starts " +
+				"(watch another namespace too), or until you remove it (kubectl patch kvc NAME -n " + ns + " --type merge -p '{\"metadata\":{\"finalizers\":null}}')"
+		}
+		return nil, nil, left, fmt.Errorf("none of the watched namespaces can be watched: %v", left)
 	}
-	return watchable, left, nil
+	return watchable, leaving, left, nil
 }
 
 func must(err error) {

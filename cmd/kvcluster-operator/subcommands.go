@@ -178,8 +178,8 @@ func runRestoreFetch(args []string) int {
 		fmt.Println(hasDataMessage)
 		return 0
 	}
-	// Only a member that restores reaches the store: the others need neither its credentials nor
-	// a workload identity's provider.
+	// Only a member that restores reaches the store: the others need no identity provider that
+	// answers, nor keys that work (the Secret the container's environment names must exist).
 	store, err := where.open()
 	if err != nil {
 		return fail(*terminationLog, "restore", err)

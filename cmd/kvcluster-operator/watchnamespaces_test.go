@@ -46,8 +46,8 @@ func TestWatchNamespaces(t *testing.T) {
 }
 
 // TestOnlyWatchableNamespacesAreWatched: a watched namespace deleted, or re-created without the
-// operator's Role, would keep the cache from ever syncing, so the operator from starting: it is
-// left out, saying why.
+// operator's Role, would keep the cache from syncing, so the operator from starting: it is left
+// out, saying why; of one being deleted the KVClusters are still watched, to let them go.
 func TestOnlyWatchableNamespacesAreWatched(t *testing.T) {
 	deleting := metav1.Now()
 	api := interceptor.NewClient(fake.NewClientBuilder().WithObjects(
@@ -60,16 +60,17 @@ func TestOnlyWatchableNamespacesAreWatched(t *testing.T) {
 		review.Status.Allowed = attrs.Namespace == "team-a" && attrs.Verb == "list" && attrs.Group == "apps" && attrs.Resource == "statefulsets"
 		return nil
 	}})
-	watchable, left, err := watchableNamespaces(api, []string{"team-a", "team-b", "team-c", "team-d"})
-	if err != nil || !slices.Equal(watchable, []string{"team-a"}) {
-		t.Fatalf("watchableNamespaces = %v, %v; want team-a alone", watchable, err)
+	watchable, leaving, left, err := watchableNamespaces(api, []string{"team-a", "team-b", "team-c", "team-d"})
+	if err != nil || !slices.Equal(watchable, []string{"team-a"}) || !slices.Equal(leaving, []string{"team-b"}) {
+		t.Fatalf("watchableNamespaces = %v, %v, %v; want team-a, and team-b's KVClusters only (being deleted)", watchable, leaving, err)
 	}
-	for ns, why := range map[string]string{"team-b": "being deleted", "team-c": "does not exist", "team-d": "Role there is missing"} {
+	for ns, why := range map[string]string{"team-c": "does not exist", "team-d": "Role there is missing"} {
 		if !strings.Contains(left[ns], why) {
 			t.Errorf("%s left out because %q, want %q", ns, left[ns], why)
 		}
 	}
-	if _, _, err := watchableNamespaces(api, []string{"team-b", "team-c"}); err == nil || !strings.Contains(err.Error(), "none of the watched namespaces") {
-		t.Errorf("no watchable namespace: %v, want an error", err)
+	if _, _, left, err := watchableNamespaces(api, []string{"team-b", "team-c"}); err == nil || !strings.Contains(err.Error(), "none of the watched namespaces") ||
+		!strings.Contains(left["team-b"], "kubectl patch kvc NAME -n team-b") {
+		t.Errorf("no watchable namespace: %v, want an error saying how to let team-b's clusters go", err)
 	}
 }
