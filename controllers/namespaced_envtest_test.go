@@ -104,18 +104,7 @@ func TestDeletingAWatchedNamespaceLetsItsClustersGo(t *testing.T) {
 	kvc := withBackups(newKVCluster(ns, "kv", 3), "")
 	h.readyCluster(kvc)
 
-	// envtest runs no namespace controller: the namespace stays Terminating, and the test deletes
-	// what the namespace controller would, the operator's Role first.
-	for _, obj := range []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}},
-		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}},
-		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv"}},
-	} {
-		if err := admin.client.Delete(context.Background(), obj); err != nil {
-			t.Fatal(err)
-		}
-	}
+	admin.deleteNamespace(ns)
 	h.deleteAndReconcile(kvc)
 	if !h.gone(kvc) {
 		t.Fatalf("the KVCluster held its namespace's deletion: %+v", h.fresh(kvc).Status.Deletion)
@@ -136,18 +125,27 @@ func TestAnOperatorStartedWhileAWatchedNamespaceIsDeletedLetsItsClustersGo(t *te
 	h := newHarnessAs(t, operator)
 	kvc := withBackups(newKVCluster(ns, "kv", 1), "")
 	h.readyCluster(kvc)
-	// What the namespace controller does first, while no operator runs.
+	admin.deleteNamespace(ns) // while no operator runs
+	if err := admin.client.Delete(context.Background(), h.fresh(kvc)); err != nil {
+		t.Fatal(err)
+	}
+	startManagerAs(t, operator, []string{spare}, []string{ns}, h.members, 8)
+	eventually(t, "the KVCluster of the namespace being deleted kept its finalizer", func() bool { return h.gone(kvc) })
+}
+
+// deleteNamespace deletes a namespace with a cluster "kv" in it and plays what the namespace
+// controller, which envtest does not run, deletes first: the operator's Role there (a namespaced
+// install's) and the members' StatefulSet. The namespace stays Terminating.
+func (h *harness) deleteNamespace(ns string) {
+	h.t.Helper()
 	for _, obj := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvcluster-operator"}},
 		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv"}},
-		h.fresh(kvc),
 	} {
-		if err := admin.client.Delete(context.Background(), obj); err != nil {
-			t.Fatal(err)
+		if err := h.client.Delete(context.Background(), obj); err != nil {
+			h.t.Fatal(err)
 		}
 	}
-	startManagerAs(t, operator, []string{spare}, []string{ns}, h.members, 8)
-	eventually(t, "the KVCluster of the namespace being deleted kept its finalizer", func() bool { return h.gone(kvc) })
 }
