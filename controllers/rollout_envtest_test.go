@@ -732,15 +732,9 @@ func TestAPodPolicyChangeRollsTheMembers(t *testing.T) {
 	h.setSpec(kvc, func(k *kvv1.KVCluster) {
 		k.Spec.Pods = kvv1.PodPolicy{NodeSelector: map[string]string{"pool": "etcd"}, Labels: map[string]string{"team": "payments"}}
 	})
+	steps := sim.rollUntilReady()
 	var sts appsv1.StatefulSet
-	var steps []string
-	for i := 0; i < 12; i++ {
-		steps = append(steps, sim.step()...)
-		h.get(&sts, ns, "kv")
-		if got := h.fresh(kvc); len(steps) > 0 && got.Status.Phase == kvv1.PhaseReady {
-			break
-		}
-	}
+	h.get(&sts, ns, "kv")
 	if sts.Spec.Template.Spec.NodeSelector["pool"] != "etcd" || sts.Spec.Template.Labels["team"] != "payments" {
 		t.Errorf("the members' template: node selector %v, labels %v", sts.Spec.Template.Spec.NodeSelector, sts.Spec.Template.Labels)
 	}
@@ -784,14 +778,20 @@ func TestAPodPolicyNamingWhatDoesNotExistRestartsNoMember(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _ = h.client.Delete(ctx, priority) })
+	if want, steps := []string{"restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}, sim.rollUntilReady(); !slices.Equal(steps, want) {
+		t.Errorf("once they exist, steps = %v, want %v", steps, want)
+	}
+}
+
+// rollUntilReady steps the simulation (at most 12 times) until the cluster, having taken a step,
+// is Ready again, and returns the steps taken.
+func (s *memberSim) rollUntilReady() []string {
 	var steps []string
 	for range 12 {
-		steps = append(steps, sim.step()...)
-		if len(steps) > 0 && h.fresh(kvc).Status.Phase == kvv1.PhaseReady {
+		steps = append(steps, s.step()...)
+		if len(steps) > 0 && s.h.fresh(s.kvc).Status.Phase == kvv1.PhaseReady {
 			break
 		}
 	}
-	if want := []string{"restart kv-2", "restart kv-1", "move-leader kv-1", "restart kv-0"}; !slices.Equal(steps, want) {
-		t.Errorf("once they exist, steps = %v, want %v", steps, want)
-	}
+	return steps
 }
