@@ -182,6 +182,38 @@ func TestChaos(t *testing.T) {
 	}
 }
 
+// logMembers logs what a violation needs to be diagnosed from the log alone (a run's moments
+// cannot be replayed): the members' pods and claims, the namespace's events, and each member's
+// etcd log, the previous container's too.
+func (r *chaosRun) logMembers(ctx context.Context) {
+	r.mu.Lock()
+	kvc := r.kvc
+	r.mu.Unlock()
+	if kvc == nil {
+		return
+	}
+	ns := kvc.Namespace
+	objects, _ := kubectl(r.cfg, "-n", ns, "get", "pods,pvc", "-o", "wide")
+	events, _ := kubectl(r.cfg, "-n", ns, "get", "events", "--sort-by=.lastTimestamp")
+	r.t.Logf("pods and claims:\n%s\nevents:\n%s", objects, events)
+	var pods corev1.PodList
+	if err := r.cfg.Client().Resources(ns).List(ctx, &pods); err != nil {
+		r.t.Logf("list pods: %v", err)
+		return
+	}
+	for _, pod := range pods.Items {
+		if _, member := specs.OrdinalOfMember(kvc, pod.Name); !member {
+			continue
+		}
+		for _, previous := range []bool{true, false} {
+			logs, err := kubectl(r.cfg, "-n", ns, "logs", pod.Name, "-c", "etcd", "--tail=30", fmt.Sprintf("--previous=%t", previous))
+			if err == nil {
+				r.t.Logf("etcd log of %s (previous container: %t):\n%s", pod.Name, previous, logs)
+			}
+		}
+	}
+}
+
 func (r *chaosRun) injected() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -472,6 +504,7 @@ func (r *chaosRun) phase(ctx context.Context, name string, act func(context.Cont
 			Message: fmt.Sprintf("not converged %s after the last fault: %s", chaosDeadline, last)})
 		logs, _ := kubectl(r.cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--tail=40")
 		r.t.Logf("operator logs:\n%s", logs)
+		r.logMembers(ctx)
 		return false
 	}
 	r.t.Logf("pass %d: %s converged in %s, %d faults (%s after they stopped)", r.pass, name,
