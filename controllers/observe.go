@@ -287,14 +287,16 @@ func (r *KVClusterReconciler) expandableClasses(ctx context.Context, kvc *kvv1.K
 // +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get
 
 // missingPodReferences are the ServiceAccount and PriorityClass spec.pods names that do not
-// exist: the StatefulSet controller could not create a member restarted onto the new template.
-// They are read (by name, on the API server) only while a member pod is outdated.
+// exist: the StatefulSet controller could not create a missing member pod, nor one restarted onto
+// the new template. They are read (by name, on the API server) only while a member pod is missing
+// or outdated.
 func (r *KVClusterReconciler) missingPodReferences(ctx context.Context, kvc *kvv1.KVCluster, pods map[int]plan.Pod) ([]string, error) {
-	outdated := false
-	for _, p := range pods {
-		outdated = outdated || p.Outdated
+	wanting := false
+	for ord := range int(kvc.Spec.Partitions) {
+		p, ok := pods[ord]
+		wanting = wanting || !ok || p.Outdated
 	}
-	if !outdated {
+	if !wanting || (kvc.Spec.Pods.ServiceAccountName == "" && kvc.Spec.Pods.PriorityClassName == "") {
 		return nil, nil
 	}
 	var missing []string

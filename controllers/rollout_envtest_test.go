@@ -783,6 +783,40 @@ func TestAPodPolicyNamingWhatDoesNotExistRestartsNoMember(t *testing.T) {
 	}
 }
 
+// TestANewClusterWhosePodsCannotBeCreatedSaysWhy: the StatefulSet controller creates no pod
+// naming a ServiceAccount that does not exist, so a new cluster would wait in Creating without a
+// word: it names the ServiceAccount, with a Warning, and forms once it exists.
+func TestANewClusterWhosePodsCannotBeCreatedSaysWhy(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("uncreatable")
+	kvc := newKVCluster(ns, "kv", 3)
+	kvc.Spec.Version = "3.7.3"
+	kvc.Spec.Pods.ServiceAccountName = "etcd-backups"
+	h.create(kvc)
+	h.reconcile(kvc)
+	got := h.fresh(kvc)
+	c := meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReconciling)
+	if got.Status.Phase != kvv1.PhaseCreating || c == nil || c.Reason != plan.ReasonPodsNotCreatable ||
+		!strings.Contains(c.Message, "spec.pods names ServiceAccount etcd-backups, which does not exist") {
+		t.Fatalf("phase %s, Reconciling condition %+v: want Creating, %s naming the ServiceAccount", got.Status.Phase, c, plan.ReasonPodsNotCreatable)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, "Warning "+plan.ReasonPodsNotCreatable) {
+		t.Errorf("events = %q, want a Warning %s", ev, plan.ReasonPodsNotCreatable)
+	}
+
+	if err := h.client.Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "etcd-backups"}}); err != nil {
+		t.Fatal(err)
+	}
+	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
+	sim := h.simulate(kvc)
+	h.reconcile(kvc)
+	sim.sync()
+	h.reconcile(kvc)
+	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseReady {
+		t.Errorf("once the ServiceAccount exists: phase %s (%v), want Ready", got.Status.Phase, got.Status.Conditions)
+	}
+}
+
 // rollUntilReady steps the simulation (at most 12 times) until the cluster, having taken a step,
 // is Ready again, and returns the steps taken.
 func (s *memberSim) rollUntilReady() []string {

@@ -51,7 +51,8 @@ type Observation struct {
 	// STSAwaitedPods is the StatefulSet's specs.AwaitedPodsAnnotation.
 	STSAwaitedPods string
 	// MissingPodReferences are what spec.pods names that does not exist ("ServiceAccount x",
-	// "PriorityClass y"): a pod naming one is not created. Read only while a member is outdated.
+	// "PriorityClass y"): a pod naming one is not created. Read only while a member pod is
+	// missing or outdated.
 	MissingPodReferences []string
 	// ExpandableClasses says, for the StorageClass of each claim still to be expanded, whether it
 	// allows volume expansion; a class that does not exist is absent.
@@ -250,6 +251,16 @@ func (o Observation) summary(kvc *kvv1.KVCluster) string {
 		}
 	}
 	return s
+}
+
+// podsNotCreatable says why the StatefulSet controller cannot create member pods; "" when
+// nothing observed says so.
+func (o Observation) podsNotCreatable() string {
+	if len(o.MissingPodReferences) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("member pods cannot be created: spec.pods names %s, which does not exist (create it, or change spec.pods)",
+		strings.Join(o.MissingPodReferences, " and "))
 }
 
 // ClientURLs are the members to ask: the spec's, and any other member pod that exists.

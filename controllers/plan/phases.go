@@ -45,14 +45,24 @@ func creating(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) v
 	if obs.healthy(kvc) {
 		return ready(kvc, obs, ro, now)
 	}
+	reason, summary := obs.waitingForMembers(kvc, ReasonCreating)
 	if deadlinePassed(kvc, now) {
 		return verdict{kvv1.PhaseFailed, ReasonProgressDeadline, fmt.Sprintf(
 			"the cluster did not become ready within %ds (%s). Check the member pods' events and logs "+
 				"(kubectl describe pods -l app.kubernetes.io/instance=%s), fix the cause, then change the spec "+
-				"or delete and re-create the KVCluster", kvc.Spec.ProgressDeadlineSeconds, obs.summary(kvc), kvc.Name),
+				"or delete and re-create the KVCluster", kvc.Spec.ProgressDeadlineSeconds, summary, kvc.Name),
 			pollWhileFailed}
 	}
-	return verdict{kvv1.PhaseCreating, ReasonCreating, obs.summary(kvc), pollWhileProgressing}
+	return verdict{kvv1.PhaseCreating, reason, summary, pollWhileProgressing}
+}
+
+// waitingForMembers is the reason and message of waiting for members that are not all there: the
+// reason given, or ReasonPodsNotCreatable naming why their pods cannot be created.
+func (o Observation) waitingForMembers(kvc *kvv1.KVCluster, reason string) (string, string) {
+	if why := o.podsNotCreatable(); why != "" {
+		return ReasonPodsNotCreatable, o.summary(kvc) + "; " + why
+	}
+	return reason, o.summary(kvc)
 }
 
 // ready watches a formed cluster. Losing members is reported on the Ready condition while the
@@ -70,13 +80,14 @@ func ready(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verd
 	if !obs.quorumLost() && len(obs.Cluster.Alarms) > 0 { // the SpacePressure condition says what to do about NOSPACE
 		return verdict{kvv1.PhaseReady, ReasonWritesRefused, obs.summary(kvc) + "; etcd refuses writes while an alarm is active", pollWhileProgressing}
 	}
+	reason, summary := obs.waitingForMembers(kvc, ReasonMembersUnavailable)
 	if obs.quorumLost() && deadlinePassed(kvc, now) {
 		return verdict{kvv1.PhaseFailed, ReasonQuorumLost, fmt.Sprintf(
 			"etcd has had no quorum for more than %ds (%s). If the lost members cannot come back, "+
-				"create a new KVCluster restored from the latest backup", kvc.Spec.ProgressDeadlineSeconds, obs.summary(kvc)),
+				"create a new KVCluster restored from the latest backup", kvc.Spec.ProgressDeadlineSeconds, summary),
 			pollWhileFailed}
 	}
-	return verdict{kvv1.PhaseReady, ReasonMembersUnavailable, obs.summary(kvc), pollWhileProgressing}
+	return verdict{kvv1.PhaseReady, reason, summary, pollWhileProgressing}
 }
 
 // upgrading changes a running cluster one step per reconcile (see planRollout) until it matches

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,6 +61,7 @@ func TestDecidePhaseTransitions(t *testing.T) {
 		wantStalled bool
 		wantRecon   bool
 		wantVersion string
+		wantMessage string // a part of the verdict's message
 	}{
 		{name: "new cluster starts Creating", kvc: kvcIn("", 0), obs: Observation{EtcdErr: errors.New("no member pods exist yet")},
 			wantPhase: kvv1.PhaseCreating, wantReason: ReasonCreating, wantRecon: true},
@@ -86,12 +88,22 @@ func TestDecidePhaseTransitions(t *testing.T) {
 		{name: "creating: no progress past the deadline -> Failed", kvc: kvcIn(kvv1.PhaseCreating, 11*time.Minute),
 			obs:       Observation{ReadyMembers: 1, EtcdErr: noQuorum},
 			wantPhase: kvv1.PhaseFailed, wantReason: ReasonProgressDeadline, wantStalled: true},
+		{name: "creating: member pods that cannot be created say why", kvc: kvcIn(kvv1.PhaseCreating, time.Minute),
+			obs:       Observation{ReadyMembers: 0, EtcdErr: noQuorum, MissingPodReferences: []string{"ServiceAccount etcd-backups"}},
+			wantPhase: kvv1.PhaseCreating, wantReason: ReasonPodsNotCreatable, wantRecon: true,
+			wantMessage: "member pods cannot be created: spec.pods names ServiceAccount etcd-backups, which does not exist"},
+		{name: "creating: past the deadline, Failed still says why", kvc: kvcIn(kvv1.PhaseCreating, 11*time.Minute),
+			obs:       Observation{ReadyMembers: 0, EtcdErr: noQuorum, MissingPodReferences: []string{"ServiceAccount etcd-backups"}},
+			wantPhase: kvv1.PhaseFailed, wantReason: ReasonProgressDeadline, wantStalled: true, wantMessage: "spec.pods names ServiceAccount etcd-backups"},
 		{name: "ready stays Ready when healthy", kvc: kvcIn(kvv1.PhaseReady, time.Hour),
 			obs:       Observation{ReadyMembers: 3, Cluster: healthy},
 			wantPhase: kvv1.PhaseReady, wantReason: ReasonClusterReady, wantReady: true, wantVersion: "3.7.3"},
 		{name: "ready: a member down keeps quorum -> Ready phase, Ready=False", kvc: kvcIn(kvv1.PhaseReady, time.Hour),
 			obs:       Observation{ReadyMembers: 2, Cluster: oneDown},
 			wantPhase: kvv1.PhaseReady, wantReason: ReasonMembersUnavailable},
+		{name: "ready: a member whose pod cannot be created says why", kvc: kvcIn(kvv1.PhaseReady, time.Hour),
+			obs:       Observation{ReadyMembers: 2, Cluster: oneDown, MissingPodReferences: []string{"ServiceAccount a", "PriorityClass b"}},
+			wantPhase: kvv1.PhaseReady, wantReason: ReasonPodsNotCreatable, wantMessage: "spec.pods names ServiceAccount a and PriorityClass b"},
 		{name: "ready: quorum lost within the deadline waits", kvc: kvcIn(kvv1.PhaseReady, time.Minute),
 			obs:       Observation{ReadyMembers: 1, EtcdErr: noQuorum},
 			wantPhase: kvv1.PhaseReady, wantReason: ReasonMembersUnavailable},
@@ -149,6 +161,9 @@ func TestDecidePhaseTransitions(t *testing.T) {
 				if got := meta.IsStatusConditionTrue(st.Conditions, cond); got != want {
 					t.Errorf("condition %s = %v, want %v", cond, got, want)
 				}
+			}
+			if !strings.Contains(v.message, tt.wantMessage) {
+				t.Errorf("message %q, want it to contain %q", v.message, tt.wantMessage)
 			}
 			if st.CurrentVersion != tt.wantVersion {
 				t.Errorf("currentVersion = %q, want %q", st.CurrentVersion, tt.wantVersion)

@@ -25,8 +25,8 @@ const (
 	ReasonMembershipUnknown = "MembershipUnknown"
 	ReasonUnknownMember     = "UnknownMember"
 	ReasonExpandingVolumes  = "ExpandingVolumes"
-	// ReasonPodsNotCreatable: spec.pods names something that does not exist, so no member is
-	// restarted onto a template whose pods could not be created.
+	// ReasonPodsNotCreatable: spec.pods names something that does not exist, so the StatefulSet
+	// controller cannot create a missing member pod, and no member is restarted onto the template.
 	ReasonPodsNotCreatable = "PodsNotCreatable"
 
 	// Objects the cluster needs but may not write.

@@ -244,8 +244,7 @@ func planRestarts(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	}
 	// A member restarted now would not come back: the StatefulSet controller could not create its pod.
 	if missing := obs.MissingPodReferences; len(missing) > 0 {
-		return wait(ReasonPodsNotCreatable, "%s; no member is restarted, as its new pod could not be created: spec.pods names %s, "+
-			"which does not exist (create it, or change spec.pods)", progress, strings.Join(missing, " and "))
+		return wait(ReasonPodsNotCreatable, "%s; no member is restarted, as its new pod would not come back: %s", progress, obs.podsNotCreatable())
 	}
 	ordinals := slices.Clone(ascending)
 	slices.Reverse(ordinals) // highest ordinal first, like a StatefulSet rolling update
