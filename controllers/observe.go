@@ -179,13 +179,17 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 	claimUIDs := map[string]types.UID{}
 	obs.Claims = map[int]plan.Claim{} // a deletion's observation is made without one
 	for _, c := range claims.Items {
+		// A pod runs on its claim until it stops, even on one being deleted: a member seen healthy
+		// there is recorded on it, so that once the claim is gone and the pod is back on a new,
+		// empty one, the lost data is recognised (and a pod made for a claim already being deleted,
+		// which the kubelet will not start, is replaced with it).
+		claimUIDs[c.Name] = c.UID
 		if c.DeletionTimestamp != nil {
 			if ord, ok := specs.OrdinalOfClaim(kvc, c.Name); ok {
 				obs.ClaimsBeingDeleted = append(obs.ClaimsBeingDeleted, ord)
 			}
 			continue
 		}
-		claimUIDs[c.Name] = c.UID
 		if ord, ok := specs.OrdinalOfClaim(kvc, c.Name); ok {
 			claim := plan.Claim{Name: c.Name, UID: c.UID, Bound: c.Status.Phase == corev1.ClaimBound, Class: ptr.Deref(c.Spec.StorageClassName, ""),
 				Requested: c.Spec.Resources.Requests[corev1.ResourceStorage], Capacity: c.Status.Capacity[corev1.ResourceStorage]}

@@ -497,6 +497,64 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 	}
 }
 
+// TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes: a member that joined on a claim
+// already being deleted (its pod was made before the claim's deletion showed, as on the local
+// cluster under chaos) runs until its pod stops; then the claim is gone and the pod comes back on
+// an empty one, where etcd cannot start a member that has already started. The claim it was seen
+// healthy on is recorded all the same, so that is recognised as lost data and the member replaced
+// (recorded only when not being deleted, the member was stuck for good: ci75's chaos run).
+func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("claimgoing")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+
+	// kv-1's claim is being deleted (the pvc-protection finalizer holds it while the pod runs), and
+	// the member there is a new one: removed and added back, it started and was promoted.
+	var going corev1.PersistentVolumeClaim
+	h.get(&going, ns, "data-kv-1")
+	going.Finalizers = append(going.Finalizers, "kubernetes.io/pvc-protection")
+	if err := h.client.Update(ctx, &going); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.client.Delete(ctx, &going); err != nil {
+		t.Fatal(err)
+	}
+	h.members.update(func(c *members.Cluster) {
+		for i := range c.Members {
+			if c.Members[i].Name == "kv-1" {
+				c.Members[i].ID = 0x77
+			}
+		}
+	})
+	h.reconcile(kvc)
+	if got := memberStatus(h.fresh(kvc), "kv-1"); got.ID != "77" || got.VolumeUID != string(going.UID) {
+		t.Fatalf("kv-1 recorded as %s on %q, want 77 on the claim it runs on, %q", got.ID, got.VolumeUID, going.UID)
+	}
+
+	// Its pod stops: the claim goes, and the pod comes back on an empty one, crash-looping.
+	if err := h.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	sim.down([]string{"kv-1"})
+	sim.sync()
+	var pod corev1.Pod
+	h.get(&pod, ns, "kv-1")
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", RestartCount: 3,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}
+	if err := h.client.Status().Update(ctx, &pod); err != nil {
+		t.Fatal(err)
+	}
+	sim.down([]string{"kv-1"})
+	h.reconcile(kvc)
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove kv-1"}) {
+		t.Errorf("membership changes = %v, want [remove kv-1]: the member came back on a new, empty volume", calls)
+	}
+}
+
 // deleteClaim deletes a claim as the pvc-protection controller, which envtest lacks, would let it.
 func (h *harness) deleteClaim(claim *corev1.PersistentVolumeClaim) {
 	h.t.Helper()

@@ -115,7 +115,7 @@ type Pod struct {
 	Created time.Time
 	// Restarts of the etcd container.
 	Restarts int32
-	// VolumeUID is the UID of the pod's data claim; empty while it has none.
+	// VolumeUID is the UID of the pod's data claim, one being deleted too; empty while it has none.
 	VolumeUID types.UID
 	// Transport is how its member listens (specs.PodTransport); nil when unknown.
 	Transport *specs.Transport
