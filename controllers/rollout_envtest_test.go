@@ -420,7 +420,6 @@ func TestScalingAddsLearnersAndRemovesMembersFirst(t *testing.T) {
 // learner and promoted.
 func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 	h := newHarness(t)
-	ctx := context.Background()
 	ns := h.namespace("lostdata")
 	kvc := newKVCluster(ns, "kv", 3)
 	sim := h.formedCluster(kvc, "3.7.3")
@@ -436,25 +435,9 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 		t.Fatalf("a healthy cluster got membership changes: %v", calls)
 	}
 
-	// The claim is deleted and recreated empty. etcd on it, started while the member was still in
-	// etcd's list, took the member's identity: it crashed twice, then ran on, never answering (as
-	// seen on the local cluster).
+	// The claim is deleted, and the pod comes back on a new, empty one.
 	h.deleteClaim(&old)
-	if err := h.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-1"}}); err != nil {
-		t.Fatal(err)
-	}
-	sim.down([]string{"kv-1"})
-	sim.sync()
-	var pod corev1.Pod
-	h.get(&pod, ns, "kv-1")
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", RestartCount: 2,
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
-	if err := h.client.Status().Update(ctx, &pod); err != nil {
-		t.Fatal(err)
-	}
-	sim.down([]string{"kv-1"})
+	sim.backOnAnEmptyClaim("kv-1")
 	var claimAfterLoss corev1.PersistentVolumeClaim
 	h.get(&claimAfterLoss, ns, "data-kv-1")
 
@@ -533,26 +516,36 @@ func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 		t.Fatalf("kv-1 recorded as %s on %q, want 77 on the claim it runs on, %q", got.ID, got.VolumeUID, going.UID)
 	}
 
-	// Its pod stops: the claim goes, and the pod comes back on an empty one, crash-looping.
-	if err := h.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-1"}}); err != nil {
-		t.Fatal(err)
-	}
-	sim.down([]string{"kv-1"})
-	sim.sync()
-	var pod corev1.Pod
-	h.get(&pod, ns, "kv-1")
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", RestartCount: 3,
-		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}
-	if err := h.client.Status().Update(ctx, &pod); err != nil {
-		t.Fatal(err)
-	}
-	sim.down([]string{"kv-1"})
+	// Its pod stops: the claim goes, and the pod comes back on an empty one.
+	sim.backOnAnEmptyClaim("kv-1")
 	h.reconcile(kvc)
 	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove kv-1"}) {
 		t.Errorf("membership changes = %v, want [remove kv-1]: the member came back on a new, empty volume", calls)
 	}
+}
+
+// backOnAnEmptyClaim plays a member's pod deleted while its claim is gone: the StatefulSet
+// controller makes both again, and etcd on the new, empty claim, started while the member was
+// still in etcd's list, took the member's identity: it crashed twice, then ran on, never
+// answering (as seen on the local cluster).
+func (s *memberSim) backOnAnEmptyClaim(name string) {
+	h, ctx := s.h, context.Background()
+	h.t.Helper()
+	if err := h.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: s.kvc.Namespace, Name: name}}); err != nil {
+		h.t.Fatal(err)
+	}
+	s.down([]string{name})
+	s.sync()
+	var pod corev1.Pod
+	h.get(&pod, s.kvc.Namespace, name)
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "etcd", RestartCount: 2,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
+	if err := h.client.Status().Update(ctx, &pod); err != nil {
+		h.t.Fatal(err)
+	}
+	s.down([]string{name})
 }
 
 // deleteClaim deletes a claim as the pvc-protection controller, which envtest lacks, would let it.
