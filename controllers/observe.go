@@ -177,14 +177,12 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 		return fmt.Errorf("list volume claims of %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
 	claimUIDs := map[string]types.UID{}
+	claimsDeletedAt := map[string]time.Time{}
 	obs.Claims = map[int]plan.Claim{} // a deletion's observation is made without one
 	for _, c := range claims.Items {
-		// A pod runs on its claim until it stops, even on one being deleted: a member seen healthy
-		// there is recorded on it, so that once the claim is gone and the pod is back on a new,
-		// empty one, the lost data is recognised (and a pod made for a claim already being deleted,
-		// which the kubelet will not start, is replaced with it).
 		claimUIDs[c.Name] = c.UID
 		if c.DeletionTimestamp != nil {
+			claimsDeletedAt[c.Name] = c.DeletionTimestamp.Time
 			if ord, ok := specs.OrdinalOfClaim(kvc, c.Name); ok {
 				obs.ClaimsBeingDeleted = append(obs.ClaimsBeingDeleted, ord)
 			}
@@ -212,6 +210,15 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 			continue // not a member pod (a backup Job's, say)
 		}
 		state := memberPodStateOf(pod)
+		claim := specs.DataClaimName(kvc, ord)
+		volume := claimUIDs[claim]
+		// A pod runs on its claim until it stops, even on one being deleted: a member seen healthy
+		// there is recorded on it, so that once the claim is gone and the pod is back on a new,
+		// empty one, the lost data is recognised. A pod made after the deletion began never runs
+		// on that claim (the kubelet refuses it): the claims seen may just be older than the pods.
+		if deletedAt, ok := claimsDeletedAt[claim]; ok && !pod.CreationTimestamp.Time.Before(deletedAt) {
+			volume = ""
+		}
 		info := plan.Pod{
 			UID:         pod.UID,
 			Ready:       state.ready,
@@ -220,7 +227,7 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 			Restarts:    state.restarts,
 			Outdated:    obs.STSSettled && state.revision != sts.Status.UpdateRevision,
 			Created:     pod.CreationTimestamp.Time,
-			VolumeUID:   claimUIDs[specs.DataClaimName(kvc, ord)],
+			VolumeUID:   volume,
 		}
 		if t, ok := specs.PodTransport(pod.Spec); ok {
 			info.Transport = &t

@@ -494,16 +494,10 @@ func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 	sim := h.formedCluster(kvc, "3.7.3")
 
 	// kv-1's claim is being deleted (the pvc-protection finalizer holds it while the pod runs), and
-	// the member there is a new one: removed and added back, it started and was promoted.
-	var going corev1.PersistentVolumeClaim
-	h.get(&going, ns, "data-kv-1")
-	going.Finalizers = append(going.Finalizers, "kubernetes.io/pvc-protection")
-	if err := h.client.Update(ctx, &going); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.client.Delete(ctx, &going); err != nil {
-		t.Fatal(err)
-	}
+	// the member there is a new one: removed and added back, it started and was promoted. Its pod
+	// is older than the deletion (timestamps count seconds).
+	time.Sleep(1100 * time.Millisecond)
+	going := h.holdAndDeleteClaim(ns, "data-kv-1")
 	h.members.update(func(c *members.Cluster) {
 		for i := range c.Members {
 			if c.Members[i].Name == "kv-1" {
@@ -518,14 +512,72 @@ func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 
 	// Its pod stops: the claim goes, and the pod comes back on an empty one.
 	sim.backOnAnEmptyClaim("kv-1")
+	var empty corev1.PersistentVolumeClaim
+	h.get(&empty, ns, "data-kv-1")
 	h.reconcile(kvc)
 	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove kv-1"}) {
 		t.Errorf("membership changes = %v, want [remove kv-1]: the member came back on a new, empty volume", calls)
 	}
+	var now corev1.PersistentVolumeClaim
+	if err := h.client.Get(ctx, client.ObjectKeyFromObject(&empty), &now); err == nil && now.UID == empty.UID && now.DeletionTimestamp == nil {
+		t.Errorf("the new, empty claim %s was not reset", empty.UID)
+	}
+	if ev := drainEvents(h); !strings.Contains(ev, plan.EventMemberVolumeReset) {
+		t.Errorf("events lack %s: %s", plan.EventMemberVolumeReset, ev)
+	}
 }
 
-// backOnAnEmptyClaim plays a member's pod deleted while its claim is gone: the StatefulSet
-// controller makes both again, and etcd on the new, empty claim, started while the member was
+// TestAPodNewerThanItsClaimsDeletionIsNotRecordedOnIt: a pod made after its claim's deletion
+// began never runs on that claim (the kubelet refuses it), and the claims the operator sees may be
+// older than the pods: a member healthy in such a pod is not recorded on the claim being deleted,
+// which would later make its real, new claim look like lost data.
+func TestAPodNewerThanItsClaimsDeletionIsNotRecordedOnIt(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("claimolder")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+
+	going := h.holdAndDeleteClaim(ns, "data-kv-1")
+	time.Sleep(1100 * time.Millisecond) // timestamps count seconds
+	if err := h.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+	sim.uids["kv-1"] = h.putMemberPod(kvc, &sts, 1, true)
+	h.members.update(func(c *members.Cluster) {
+		for i := range c.Members {
+			if c.Members[i].Name == "kv-1" {
+				c.Members[i].ID = 0x78 // a new member, healthy
+			}
+		}
+	})
+	h.reconcile(kvc)
+	if got := memberStatus(h.fresh(kvc), "kv-1"); got.ID != "78" || got.VolumeUID == string(going.UID) {
+		t.Errorf("kv-1 recorded as %s on %q: a pod newer than the claim's deletion was recorded on it", got.ID, got.VolumeUID)
+	}
+}
+
+// holdAndDeleteClaim deletes a claim that the pvc-protection finalizer holds (as while its pod
+// runs), and returns it.
+func (h *harness) holdAndDeleteClaim(ns, name string) corev1.PersistentVolumeClaim {
+	h.t.Helper()
+	ctx := context.Background()
+	var claim corev1.PersistentVolumeClaim
+	h.get(&claim, ns, name)
+	claim.Finalizers = append(claim.Finalizers, "kubernetes.io/pvc-protection")
+	if err := h.client.Update(ctx, &claim); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.client.Delete(ctx, &claim); err != nil {
+		h.t.Fatal(err)
+	}
+	return claim
+}
+
+// backOnAnEmptyClaim plays a member's pod deleted while its claim is being deleted or gone: the
+// claim goes with the pod, the StatefulSet controller makes both again, and etcd on the new, empty claim, started while the member was
 // still in etcd's list, took the member's identity: it crashed twice, then ran on, never
 // answering (as seen on the local cluster).
 func (s *memberSim) backOnAnEmptyClaim(name string) {
@@ -853,6 +905,10 @@ func TestANewClusterWhosePodsCannotBeCreatedSaysWhy(t *testing.T) {
 	}
 	if ev := drainEvents(h); !strings.Contains(ev, "Warning "+plan.ReasonPodsNotCreatable) {
 		t.Errorf("events = %q, want a Warning %s", ev, plan.ReasonPodsNotCreatable)
+	}
+	h.reconcile(kvc)
+	if ev := drainEvents(h); strings.Contains(ev, plan.ReasonPodsNotCreatable) {
+		t.Errorf("events = %q: the Warning was given again", ev)
 	}
 
 	if err := h.client.Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "etcd-backups"}}); err != nil {

@@ -115,7 +115,8 @@ type Pod struct {
 	Created time.Time
 	// Restarts of the etcd container.
 	Restarts int32
-	// VolumeUID is the UID of the pod's data claim, one being deleted too; empty while it has none.
+	// VolumeUID is the UID of the pod's data claim, one being deleted too (if the pod is older);
+	// empty while it has none.
 	VolumeUID types.UID
 	// Transport is how its member listens (specs.PodTransport); nil when unknown.
 	Transport *specs.Transport
@@ -253,14 +254,23 @@ func (o Observation) summary(kvc *kvv1.KVCluster) string {
 	return s
 }
 
-// podsNotCreatable says why the StatefulSet controller cannot create member pods; "" when
+// missingReferences says why the StatefulSet controller cannot create member pods; "" when
 // nothing observed says so.
-func (o Observation) podsNotCreatable() string {
+func (o Observation) missingReferences() string {
 	if len(o.MissingPodReferences) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("member pods cannot be created: spec.pods names %s, which does not exist (create it, or change spec.pods)",
-		strings.Join(o.MissingPodReferences, " and "))
+	return fmt.Sprintf("spec.pods names %s, which does not exist (create it, or change spec.pods)", strings.Join(o.MissingPodReferences, " and "))
+}
+
+// memberPodMissing: a member (below spec.partitions) has no pod.
+func (o Observation) memberPodMissing(kvc *kvv1.KVCluster) bool {
+	for ord := range int(kvc.Spec.Partitions) {
+		if _, ok := o.Pods[ord]; !ok {
+			return true
+		}
+	}
+	return false
 }
 
 // ClientURLs are the members to ask: the spec's, and any other member pod that exists.

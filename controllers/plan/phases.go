@@ -57,10 +57,10 @@ func creating(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) v
 }
 
 // waitingForMembers is the reason and message of waiting for members that are not all there: the
-// reason given, or ReasonPodsNotCreatable naming why their pods cannot be created.
+// reason given, or, while a member has no pod, ReasonPodsNotCreatable naming why it cannot have one.
 func (o Observation) waitingForMembers(kvc *kvv1.KVCluster, reason string) (string, string) {
-	if why := o.podsNotCreatable(); why != "" {
-		return ReasonPodsNotCreatable, o.summary(kvc) + "; " + why
+	if why := o.missingReferences(); why != "" && o.memberPodMissing(kvc) {
+		return ReasonPodsNotCreatable, o.summary(kvc) + "; member pods cannot be created: " + why
 	}
 	return reason, o.summary(kvc)
 }

@@ -140,6 +140,8 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		case learner.Healthy && learner.Started():
 			return Rollout{Pending: true, Action: ActPromote, Ordinal: ord, MemberID: learner.ID, Reason: ReasonScaling,
 				Message: fmt.Sprintf("promoting learner %s to a voting member once it is in sync", name)}
+		case !hasPod && obs.missingReferences() != "":
+			return wait(ReasonPodsNotCreatable, "member %s is joining as a learner, but its pod cannot be created: %s", name, obs.missingReferences())
 		default:
 			return wait(ReasonScaling, "member %s is joining as a learner", name)
 		}
@@ -174,8 +176,12 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 			continue
 		}
 		reason := ReasonScaling
-		if _, ok := obs.Pods[ord]; ok { // a scale-up's pod is only created after its member is added
+		_, hasPod := obs.Pods[ord]
+		if hasPod { // a scale-up's pod is only created after its member is added
 			reason = ReasonReplacingMember
+		}
+		if why := obs.missingReferences(); !hasPod && why != "" { // it would never start
+			return wait(ReasonPodsNotCreatable, "member %s is missing, and its pod could not be created: %s", specs.MemberName(kvc, ord), why)
 		}
 		if !allHealthy {
 			return wait(reason, "member %s is missing; waiting for every voting member to be healthy before adding it", specs.MemberName(kvc, ord))
@@ -244,7 +250,7 @@ func planRestarts(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	}
 	// A member restarted now would not come back: the StatefulSet controller could not create its pod.
 	if missing := obs.MissingPodReferences; len(missing) > 0 {
-		return wait(ReasonPodsNotCreatable, "%s; no member is restarted, as its new pod would not come back: %s", progress, obs.podsNotCreatable())
+		return wait(ReasonPodsNotCreatable, "%s; no member is restarted, as its new pod could not be created: %s", progress, obs.missingReferences())
 	}
 	ordinals := slices.Clone(ascending)
 	slices.Reverse(ordinals) // highest ordinal first, like a StatefulSet rolling update

@@ -164,6 +164,25 @@ func TestPlanRollout(t *testing.T) {
 			s.kvc.Spec.Partitions = 5
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
 		}), wantPending: true, wantAction: ActWait, wantMember: "learner", wantTo: 0},
+		{name: "scale up: no member is added whose pod could not be created", s: formed(3, to).with(func(s *scenario) {
+			s.kvc.Spec.Partitions = 5
+			s.obs.MissingPodReferences = []string{"PriorityClass etcd-critical"}
+		}), wantPending: true, wantAction: ActWait, wantMember: "spec.pods names PriorityClass etcd-critical", wantTo: 0,
+			check: func(t *testing.T, got Rollout) {
+				if got.Reason != ReasonPodsNotCreatable {
+					t.Errorf("reason %s, want %s", got.Reason, ReasonPodsNotCreatable)
+				}
+			}},
+		{name: "scale up: a learner whose pod could not be created says why", s: formed(3, to).with(func(s *scenario) {
+			s.kvc.Spec.Partitions = 5
+			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
+			s.obs.MissingPodReferences = []string{"ServiceAccount etcd"}
+		}), wantPending: true, wantAction: ActWait, wantMember: "kv-3 is joining as a learner, but its pod cannot be created: spec.pods names ServiceAccount etcd", wantTo: 0,
+			check: func(t *testing.T, got Rollout) {
+				if got.Reason != ReasonPodsNotCreatable {
+					t.Errorf("reason %s, want %s", got.Reason, ReasonPodsNotCreatable)
+				}
+			}},
 		{name: "scale up: promote the started learner", s: formed(4, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 5
 			s.member(3).Learner = true
