@@ -498,13 +498,7 @@ func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 	// is older than the deletion (timestamps count seconds).
 	time.Sleep(1100 * time.Millisecond)
 	going := h.holdAndDeleteClaim(ns, "data-kv-1")
-	h.members.update(func(c *members.Cluster) {
-		for i := range c.Members {
-			if c.Members[i].Name == "kv-1" {
-				c.Members[i].ID = 0x77
-			}
-		}
-	})
+	sim.renumber("kv-1", 0x77)
 	h.reconcile(kvc)
 	if got := memberStatus(h.fresh(kvc), "kv-1"); got.ID != "77" || got.VolumeUID != string(going.UID) {
 		t.Fatalf("kv-1 recorded as %s on %q, want 77 on the claim it runs on, %q", got.ID, got.VolumeUID, going.UID)
@@ -546,13 +540,7 @@ func TestAPodNewerThanItsClaimsDeletionIsNotRecordedOnIt(t *testing.T) {
 	var sts appsv1.StatefulSet
 	h.get(&sts, ns, "kv")
 	sim.uids["kv-1"] = h.putMemberPod(kvc, &sts, 1, true)
-	h.members.update(func(c *members.Cluster) {
-		for i := range c.Members {
-			if c.Members[i].Name == "kv-1" {
-				c.Members[i].ID = 0x78 // a new member, healthy
-			}
-		}
-	})
+	sim.renumber("kv-1", 0x78) // a new member, healthy
 	h.reconcile(kvc)
 	if got := memberStatus(h.fresh(kvc), "kv-1"); got.ID != "78" || got.VolumeUID == string(going.UID) {
 		t.Errorf("kv-1 recorded as %s on %q: a pod newer than the claim's deletion was recorded on it", got.ID, got.VolumeUID)
@@ -574,6 +562,17 @@ func (h *harness) holdAndDeleteClaim(ns, name string) corev1.PersistentVolumeCla
 		h.t.Fatal(err)
 	}
 	return claim
+}
+
+// renumber plays a member removed and added back under a new ID, which started and was promoted.
+func (s *memberSim) renumber(name string, id uint64) {
+	s.h.members.update(func(c *members.Cluster) {
+		for i := range c.Members {
+			if c.Members[i].Name == name {
+				c.Members[i].ID = id
+			}
+		}
+	})
 }
 
 // backOnAnEmptyClaim plays a member's pod deleted while its claim is being deleted or gone: the

@@ -90,6 +90,7 @@ func TestPlanRollout(t *testing.T) {
 		wantAction  Action
 		wantMember  string // the member acted on, or (for a wait) a word of the message
 		wantTo      uint64
+		wantReason  string // when set
 		check       func(t *testing.T, got Rollout)
 	}{
 		{name: "a cluster matching its spec has nothing to do", s: formed(3, to), wantPending: false, wantAction: ActWait, wantMember: "", wantTo: 0},
@@ -106,12 +107,7 @@ func TestPlanRollout(t *testing.T) {
 		{name: "a template whose pods could not be created restarts no member, not even an unhealthy one", s: formed(3, from).upgradeTo(to).with(func(s *scenario) {
 			s.member(1).Healthy = false
 			s.obs.MissingPodReferences = []string{"ServiceAccount etcd-backups"}
-		}), wantPending: true, wantAction: ActWait, wantMember: "spec.pods names ServiceAccount etcd-backups, which does not exist", wantTo: 0,
-			check: func(t *testing.T, got Rollout) {
-				if got.Reason != ReasonPodsNotCreatable {
-					t.Errorf("reason %s, want %s", got.Reason, ReasonPodsNotCreatable)
-				}
-			}},
+		}), wantPending: true, wantAction: ActWait, wantMember: "spec.pods names ServiceAccount etcd-backups, which does not exist", wantTo: 0, wantReason: ReasonPodsNotCreatable},
 		{name: "upgrade: wait while a restarted member's pod is gone", s: formed(3, from).upgradeTo(to).with(func(s *scenario) { delete(s.obs.Pods, 2) }),
 			wantPending: true, wantAction: ActWait, wantMember: "come back", wantTo: 0},
 		{name: "upgrade: wait while a pod terminates (resume after an operator restart)", s: formed(3, from).upgradeTo(to).with(func(s *scenario) {
@@ -167,22 +163,12 @@ func TestPlanRollout(t *testing.T) {
 		{name: "scale up: no member is added whose pod could not be created", s: formed(3, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 5
 			s.obs.MissingPodReferences = []string{"PriorityClass etcd-critical"}
-		}), wantPending: true, wantAction: ActWait, wantMember: "spec.pods names PriorityClass etcd-critical", wantTo: 0,
-			check: func(t *testing.T, got Rollout) {
-				if got.Reason != ReasonPodsNotCreatable {
-					t.Errorf("reason %s, want %s", got.Reason, ReasonPodsNotCreatable)
-				}
-			}},
+		}), wantPending: true, wantAction: ActWait, wantMember: "spec.pods names PriorityClass etcd-critical", wantTo: 0, wantReason: ReasonPodsNotCreatable},
 		{name: "scale up: a learner whose pod could not be created says why", s: formed(3, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 5
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
 			s.obs.MissingPodReferences = []string{"ServiceAccount etcd"}
-		}), wantPending: true, wantAction: ActWait, wantMember: "kv-3 is joining as a learner, but its pod cannot be created: spec.pods names ServiceAccount etcd", wantTo: 0,
-			check: func(t *testing.T, got Rollout) {
-				if got.Reason != ReasonPodsNotCreatable {
-					t.Errorf("reason %s, want %s", got.Reason, ReasonPodsNotCreatable)
-				}
-			}},
+		}), wantPending: true, wantAction: ActWait, wantMember: "kv-3 is joining as a learner, but its pod cannot be created: spec.pods names ServiceAccount etcd", wantTo: 0, wantReason: ReasonPodsNotCreatable},
 		{name: "scale up: promote the started learner", s: formed(4, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 5
 			s.member(3).Learner = true
@@ -259,6 +245,9 @@ func TestPlanRollout(t *testing.T) {
 			}
 			if got.To != tt.wantTo {
 				t.Errorf("moves leadership to %d, want %d", got.To, tt.wantTo)
+			}
+			if tt.wantReason != "" && got.Reason != tt.wantReason {
+				t.Errorf("reason %s, want %s", got.Reason, tt.wantReason)
 			}
 			if tt.check != nil {
 				tt.check(t, got)
