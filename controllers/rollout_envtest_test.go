@@ -485,7 +485,8 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 // cluster under chaos) runs until its pod stops; then the claim is gone and the pod comes back on
 // an empty one, where etcd cannot start a member that has already started. The claim it was seen
 // healthy on is recorded all the same, so that is recognised as lost data and the member replaced
-// (recorded only when not being deleted, the member was stuck for good: ci75's chaos run).
+// (recorded only when not being deleted, the member was stuck for good; ci75's chaos run stalled
+// like that, judging by its final status: a dbSize recorded, no volume).
 func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
