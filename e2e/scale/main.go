@@ -219,15 +219,16 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	return results, nil
 }
 
-// keepLogs copies the logs of the operator, the provisioner, kwok and the controller manager into
-// KVC_BENCH_LOGS, when it is set (the idle operator's CPU profile goes there too).
+// keepLogs copies the logs of the operator, the provisioner, kwok and the controller manager, and
+// the API server's audit log (every request, by whom: where the writes go), into KVC_BENCH_LOGS,
+// when it is set (the idle operator's CPU profile goes there too).
 func keepLogs(work string) {
 	dir := os.Getenv("KVC_BENCH_LOGS")
 	if dir == "" {
 		return
 	}
 	logs := filepath.Join("kwok", "clusters", clusterName, "logs")
-	for _, f := range []string{"operator.log", "provisioner.log", filepath.Join(logs, "kwok-controller.log"), filepath.Join(logs, "kube-controller-manager.log")} {
+	for _, f := range []string{"operator.log", "provisioner.log", filepath.Join(logs, "kwok-controller.log"), filepath.Join(logs, "kube-controller-manager.log"), filepath.Join(logs, "audit.log")} {
 		if in, err := os.Open(filepath.Join(work, f)); err == nil {
 			if o, err := os.Create(filepath.Join(dir, filepath.Base(f))); err == nil {
 				_, _ = io.Copy(o, in)
