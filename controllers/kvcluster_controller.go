@@ -97,19 +97,47 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 		}
 		options.ByObject[&kvv1.KVCluster{}] = clusters
 	}
-	withoutManagedFields := owned
-	withoutManagedFields.Transform = cache.TransformStripManagedFields()
+	trimmed := owned
+	trimmed.Transform = func(obj any) (any, error) { return cachedForm(obj), nil }
 	for _, o := range notComparedKinds() {
-		options.ByObject[o] = withoutManagedFields
+		options.ByObject[o] = trimmed
 	}
 	return options
 }
 
 // notComparedKinds are the kinds the operator never compares with what it owns, so the cache
-// keeps none of their managed fields. Members' claims carry the labels of the StatefulSet's
-// claim template.
+// keeps none of their managed fields (cachedForm). Members' claims carry the labels of the
+// StatefulSet's claim template.
 func notComparedKinds() []client.Object {
 	return []client.Object{&corev1.Pod{}, &corev1.PersistentVolumeClaim{}, &batchv1.Job{}}
+}
+
+// cachedForm is what the cache keeps of an object of notComparedKinds: no managed fields; of a
+// Pod, besides, only what the operator reads of it (its metadata; each container's name, image
+// and the arguments PodTransport reads; its phase, conditions and container states: observePods,
+// memberPodStateOf, TerminationMessage). The rest of a pod's spec (probes, environment, mounts,
+// volumes, tolerations) is most of its size, three pods per cluster, and the operator reads it
+// from the StatefulSet's template instead. It changes obj in place (the informer's own copy).
+func cachedForm(obj any) any {
+	if o, ok := obj.(client.Object); ok && o.GetManagedFields() != nil {
+		o.SetManagedFields(nil)
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj
+	}
+	containers := make([]corev1.Container, len(pod.Spec.Containers))
+	for i, c := range pod.Spec.Containers {
+		containers[i] = corev1.Container{Name: c.Name, Image: c.Image, Args: specs.TransportArgs(c.Args)}
+	}
+	statuses := make([]corev1.ContainerStatus, len(pod.Status.ContainerStatuses))
+	for i, c := range pod.Status.ContainerStatuses {
+		statuses[i] = corev1.ContainerStatus{Name: c.Name, State: c.State, LastTerminationState: c.LastTerminationState,
+			Ready: c.Ready, RestartCount: c.RestartCount, Image: c.Image, Started: c.Started}
+	}
+	pod.Spec = corev1.PodSpec{Containers: containers}
+	pod.Status = corev1.PodStatus{Phase: pod.Status.Phase, Conditions: pod.Status.Conditions, ContainerStatuses: statuses}
+	return pod
 }
 
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch

@@ -468,7 +468,7 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 	}
 	asCached := func(obj client.Object) {
 		if slices.ContainsFunc(notComparedKinds(), func(k client.Object) bool { return reflect.TypeOf(k) == reflect.TypeOf(obj) }) {
-			obj.SetManagedFields(nil)
+			cachedForm(obj)
 		}
 	}
 	return interceptor.NewClient(c, interceptor.Funcs{

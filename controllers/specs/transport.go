@@ -2,6 +2,7 @@ package specs
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,8 +61,23 @@ func (t Transport) clientSchemes() []string {
 	return s
 }
 
+// transportFlags are the etcd flags PodTransport reads.
+var transportFlags = []string{"--listen-client-urls=", "--listen-peer-urls=", "--peer-cert-file="}
+
+// TransportArgs are the arguments of a container that PodTransport reads: all of them a reader
+// of its pods' transport needs to keep (the manager's cache keeps only these of a member pod).
+func TransportArgs(args []string) []string {
+	var kept []string
+	for _, arg := range args {
+		if slices.ContainsFunc(transportFlags, func(flag string) bool { return strings.HasPrefix(arg, flag) }) {
+			kept = append(kept, arg)
+		}
+	}
+	return kept
+}
+
 // PodTransport is how a member pod (or a pod template) listens, read from its etcd container's
-// flags; false when it has no etcd container with them.
+// flags (transportFlags); false when it has no etcd container with them.
 func PodTransport(pod corev1.PodSpec) (Transport, bool) {
 	for _, c := range pod.Containers {
 		if c.Name != etcdContainerName {

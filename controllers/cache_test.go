@@ -1,0 +1,171 @@
+package controllers
+
+import (
+	"encoding/json"
+	"runtime"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/plan"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
+)
+
+// TestCachedFormKeepsWhatTheOperatorReads: of a member pod the cache keeps what observe reads
+// (the same state, transport and termination message come out of it) and drops the rest of its
+// spec and status, most of its size; of a Job, only the managed fields go.
+func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
+	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(2381)}}, PeriodSeconds: 5}
+	pod := func() *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "kv-1", Namespace: "ns", UID: "pod-uid", CreationTimestamp: metav1.Now(),
+				Labels:        map[string]string{appsv1.StatefulSetRevisionLabel: "kv-5d8f", specs.ClusterLabel: "kv"},
+				ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate}}},
+			Spec: corev1.PodSpec{
+				InitContainers: []corev1.Container{{Name: "init", Image: "busybox", Command: []string{"sh", "-c", "true"}}},
+				Containers: []corev1.Container{{Name: "etcd", Image: "registry.k8s.io/etcd:v3.7.3", Command: []string{"etcd"},
+					Args: []string{"--listen-client-urls=https://0.0.0.0:2379", "--listen-peer-urls=https://0.0.0.0:2380",
+						"--peer-cert-file=/etc/etcd/tls/peer/tls.crt", "--quota-backend-bytes=2147483648"},
+					Env:            []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+					ReadinessProbe: probe, LivenessProbe: probe, StartupProbe: probe,
+					VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/etcd"}, {Name: "tls-peer", MountPath: "/etc/etcd/tls/peer"}}}},
+				Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data-kv-1"}}},
+					{Name: "tls-peer", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "kv-peer-tls"}}}},
+				Tolerations: []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
+				NodeName:    "node-1",
+			},
+			Status: corev1.PodStatus{
+				Phase: corev1.PodRunning, PodIP: "10.0.0.7", HostIP: "192.168.0.2",
+				Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}, {Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+				ContainerStatuses: []corev1.ContainerStatus{{Name: "etcd", RestartCount: 2, ImageID: "sha256:0123",
+					State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}},
+					LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: "member has already been bootstrapped"}}}},
+				InitContainerStatuses: []corev1.ContainerStatus{{Name: "init", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}}},
+			},
+		}
+	}
+	finished := pod()
+	finished.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Message: `{"backup":"done"}`}}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+	}{{"a running member", pod()}, {"a finished pod", finished}, {"a pod being deleted", func() *corev1.Pod {
+		p := pod()
+		p.DeletionTimestamp = &metav1.Time{Time: p.CreationTimestamp.Add(3)}
+		return p
+	}()}} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.pod.DeepCopy()
+			after := cachedForm(tc.pod).(*corev1.Pod)
+			if got, want := memberPodStateOf(after), memberPodStateOf(before); got != want {
+				t.Errorf("member state = %+v, want %+v", got, want)
+			}
+			gotT, gotOK := specs.PodTransport(after.Spec)
+			wantT, wantOK := specs.PodTransport(before.Spec)
+			if gotT != wantT || gotOK != wantOK {
+				t.Errorf("transport = %+v %v, want %+v %v", gotT, gotOK, wantT, wantOK)
+			}
+			if got, want := plan.TerminationMessage([]corev1.Pod{*after}), plan.TerminationMessage([]corev1.Pod{*before}); got != want {
+				t.Errorf("termination message = %q, want %q", got, want)
+			}
+			if isMemberPod(after) != isMemberPod(before) || after.UID != before.UID || !after.CreationTimestamp.Equal(&before.CreationTimestamp) ||
+				!after.DeletionTimestamp.Equal(before.DeletionTimestamp) || after.Labels[specs.ClusterLabel] != "kv" {
+				t.Errorf("metadata changed: %+v, want %+v", after.ObjectMeta, before.ObjectMeta)
+			}
+			if after.ManagedFields != nil || after.Spec.Volumes != nil || after.Spec.Containers[0].ReadinessProbe != nil || after.Status.PodIP != "" {
+				t.Errorf("kept what the operator never reads: %+v", after)
+			}
+			if kept, whole := jsonSize(t, after), jsonSize(t, before); kept*2 > whole {
+				t.Errorf("cached form %d bytes of the pod's %d: want at most half", kept, whole)
+			}
+		})
+	}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "kv-backup", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Env: []corev1.EnvVar{{Name: "A"}}}}}}}}
+	if got := cachedForm(job.DeepCopy()).(*batchv1.Job); got.ManagedFields != nil || len(got.Spec.Template.Spec.Containers[0].Env) != 1 {
+		t.Errorf("cached Job = %+v, want it whole but its managed fields", got)
+	}
+}
+
+func jsonSize(t *testing.T, v any) int {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(data)
+}
+
+// BenchmarkCachedMemberPod: the heap one member pod of a TLS cluster holds in the cache (three
+// per cluster), whole as the informer decodes it (without managed fields) and in its cached form.
+// The pod is the StatefulSet's template with the fields the API server and the kubelet add.
+func BenchmarkCachedMemberPod(b *testing.B) {
+	kvc := newKVCluster("ns", "kv", 3)
+	kvc.UID = "cluster-uid"
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	data, err := json.Marshal(specs.StatefulSet(kvc, specs.MemberSet{Replicas: 3, Images: specs.Images{EtcdRepository: "registry.k8s.io/etcd"}}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var set appsv1.StatefulSet
+	if err := json.Unmarshal(data, &set); err != nil {
+		b.Fatal(err)
+	}
+	pod := corev1.Pod{ObjectMeta: set.Spec.Template.ObjectMeta, Spec: set.Spec.Template.Spec}
+	pod.Name, pod.Namespace, pod.UID, pod.CreationTimestamp = "kv-1", "ns", "pod-uid", metav1.Now()
+	pod.Labels[appsv1.StatefulSetRevisionLabel] = "kv-5d8f6c7b9"
+	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "kv", UID: "set-uid"}}
+	pod.Spec.NodeName, pod.Spec.ServiceAccountName, pod.Spec.DNSPolicy = "node-1", "default", corev1.DNSClusterFirst
+	pod.Spec.Tolerations = []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
+		{Key: "node.kubernetes.io/unreachable", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}}
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "kube-api-access-x7k2p", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}}}}}}})
+	now := metav1.Now()
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, HostIP: "192.168.0.2", PodIP: "10.0.0.7", StartTime: &now,
+		PodIPs: []corev1.PodIP{{IP: "10.0.0.7"}}, HostIPs: []corev1.HostIP{{IP: "192.168.0.2"}}, QOSClass: corev1.PodQOSBurstable}
+	for _, c := range []corev1.PodConditionType{corev1.PodReadyToStartContainers, corev1.PodInitialized, corev1.PodReady, corev1.ContainersReady, corev1.PodScheduled} {
+		pod.Status.Conditions = append(pod.Status.Conditions, corev1.PodCondition{Type: c, Status: corev1.ConditionTrue, LastTransitionTime: now})
+	}
+	for _, c := range pod.Spec.Containers {
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image + "@sha256:0123456789abcdef",
+			ContainerID: "containerd://0123456789abcdef", Ready: true, Started: new(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}})
+	}
+	data, err = json.Marshal(pod)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const pods = 1000
+	for _, form := range []struct {
+		name   string
+		cached func(*corev1.Pod) any
+	}{{"whole", func(p *corev1.Pod) any { return p }}, {"cached", func(p *corev1.Pod) any { return cachedForm(p) }}} {
+		b.Run(form.name, func(b *testing.B) {
+			var perPod float64
+			for b.Loop() {
+				held := make([]any, pods)
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				for i := range held {
+					var p corev1.Pod
+					if err := json.Unmarshal(data, &p); err != nil {
+						b.Fatal(err)
+					}
+					held[i] = form.cached(&p)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				perPod = float64(after.HeapAlloc-before.HeapAlloc) / pods
+				runtime.KeepAlive(held)
+			}
+			b.ReportMetric(perPod, "heap-B/pod")
+			b.ReportMetric(float64(len(data)), "json-B/pod")
+		})
+	}
+}
