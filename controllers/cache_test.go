@@ -8,6 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -16,9 +17,9 @@ import (
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
-// TestCachedFormKeepsWhatTheOperatorReads: of a member pod the cache keeps what observe reads
-// (the same state, transport and termination message come out of it) and drops the rest of its
-// spec and status, most of its size; of a Job, only the managed fields go.
+// TestCachedFormKeepsWhatTheOperatorReads: of a pod (a member's, a Job's) the cache keeps what
+// observe reads (the same state, transport and termination message come out of it) and drops the
+// rest of its spec and status, most of its size; of a Job, only the managed fields go.
 func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(2381)}}, PeriodSeconds: 5}
 	pod := func() *corev1.Pod {
@@ -82,6 +83,10 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 			}
 			if kept, whole := jsonSize(t, after), jsonSize(t, before); kept*2 > whole {
 				t.Errorf("cached form %d bytes of the pod's %d: want at most half", kept, whole)
+			}
+			// The informer may transform an object twice (a watch list's objects are): the same.
+			if again := cachedForm(after.DeepCopy()); !equality.Semantic.DeepEqual(again, after) {
+				t.Errorf("cached form of the cached form = %+v, want %+v", again, after)
 			}
 		})
 	}

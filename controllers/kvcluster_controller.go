@@ -62,7 +62,8 @@ type KVClusterReconciler struct {
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
 // its own), not every Pod, Job or StatefulSet of the Kubernetes cluster. Of Pods, claims and Jobs
 // it keeps no managed fields: the operator compares what it owns (Extract) only of the objects it
-// applies whole (applyOwned), and who manages which field is a large part of a Pod. Given
+// applies whole (applyOwned), and who manages which field is a large part of a Pod; of Pods, only
+// what the operator reads (cachedForm). Given
 // namespaces, it watches only those (an install whose Roles grant nothing elsewhere); none: all.
 func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeaving(namespaces, nil) }
 
@@ -113,11 +114,12 @@ func notComparedKinds() []client.Object {
 }
 
 // cachedForm is what the cache keeps of an object of notComparedKinds: no managed fields; of a
-// Pod, besides, only what the operator reads of it (its metadata; each container's name, image
-// and the arguments PodTransport reads; its phase, conditions and container states: observePods,
-// memberPodStateOf, TerminationMessage). The rest of a pod's spec (probes, environment, mounts,
-// volumes, tolerations) is most of its size, three pods per cluster, and the operator reads it
-// from the StatefulSet's template instead. It changes obj in place (the informer's own copy).
+// Pod, besides, only what the operator reads of it (its metadata; each container's name and the
+// flags PodTransport reads; its phase, conditions, and its containers' states and restarts:
+// observePods, memberPodStateOf, TerminationMessage). The rest of a pod's spec (probes,
+// environment, mounts, volumes, tolerations) is most of its size, one pod per member, and the
+// operator reads it from the StatefulSet's template instead. It changes obj in place (the
+// informer's own copy), and a second pass changes nothing (the informer may make two).
 func cachedForm(obj any) any {
 	if o, ok := obj.(client.Object); ok && o.GetManagedFields() != nil {
 		o.SetManagedFields(nil)
@@ -128,12 +130,11 @@ func cachedForm(obj any) any {
 	}
 	containers := make([]corev1.Container, len(pod.Spec.Containers))
 	for i, c := range pod.Spec.Containers {
-		containers[i] = corev1.Container{Name: c.Name, Image: c.Image, Args: specs.TransportArgs(c.Args)}
+		containers[i] = corev1.Container{Name: c.Name, Args: specs.TransportArgs(c.Args)}
 	}
 	statuses := make([]corev1.ContainerStatus, len(pod.Status.ContainerStatuses))
 	for i, c := range pod.Status.ContainerStatuses {
-		statuses[i] = corev1.ContainerStatus{Name: c.Name, State: c.State, LastTerminationState: c.LastTerminationState,
-			Ready: c.Ready, RestartCount: c.RestartCount, Image: c.Image, Started: c.Started}
+		statuses[i] = corev1.ContainerStatus{Name: c.Name, State: c.State, RestartCount: c.RestartCount}
 	}
 	pod.Spec = corev1.PodSpec{Containers: containers}
 	pod.Status = corev1.PodStatus{Phase: pod.Status.Phase, Conditions: pod.Status.Conditions, ContainerStatuses: statuses}

@@ -254,7 +254,8 @@ func volumeClaimTemplate(kvc *kvv1.KVCluster, size resource.Quantity, labelUID b
 		WithStatus(corev1ac.PersistentVolumeClaimStatus().WithPhase(corev1.ClaimPending))
 }
 
-// PodQuota is the backend quota a member pod (or the template) gives etcd, in bytes.
+// PodQuota is the backend quota the pod template gives etcd, in bytes (read from the StatefulSet:
+// the manager's cache keeps no such flag of a pod).
 func PodQuota(pod corev1.PodSpec) (int64, bool) {
 	for _, c := range pod.Containers {
 		if c.Name != etcdContainerName {

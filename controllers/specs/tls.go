@@ -102,8 +102,8 @@ func TLSSecret(kvc *kvv1.KVCluster, part string, data map[string][]byte, guard t
 // TLSPartLabel says which part of a cluster's TLS an operator-issued Secret holds.
 const TLSPartLabel = "kvcluster.io/tls"
 
-// PodTLSSecrets are the Secrets a member pod (or a pod template) mounts for its certificates, by
-// part; nil when it mounts none.
+// PodTLSSecrets are the Secrets a pod template mounts for its certificates, by part; nil when it
+// mounts none (read from the StatefulSet: the manager's cache keeps no volumes of a pod).
 func PodTLSSecrets(pod corev1.PodSpec) map[string]string {
 	var out map[string]string
 	for _, v := range pod.Volumes {

@@ -61,11 +61,17 @@ func (t Transport) clientSchemes() []string {
 	return s
 }
 
-// transportFlags are the etcd flags PodTransport reads.
-var transportFlags = []string{"--listen-client-urls=", "--listen-peer-urls=", "--peer-cert-file="}
+// The etcd flags PodTransport reads, and all of them: TransportArgs keeps these.
+const (
+	listenClientURLsFlag = "--listen-client-urls="
+	listenPeerURLsFlag   = "--listen-peer-urls="
+	peerCertFileFlag     = "--peer-cert-file="
+)
+
+var transportFlags = []string{listenClientURLsFlag, listenPeerURLsFlag, peerCertFileFlag}
 
 // TransportArgs are the arguments of a container that PodTransport reads: all of them a reader
-// of its pods' transport needs to keep (the manager's cache keeps only these of a member pod).
+// of its pods' transport needs to keep (the manager's cache keeps only these of a pod).
 func TransportArgs(args []string) []string {
 	var kept []string
 	for _, arg := range args {
@@ -85,19 +91,19 @@ func PodTransport(pod corev1.PodSpec) (Transport, bool) {
 		}
 		var t Transport
 		var client, peer bool
-		for _, arg := range c.Args {
-			if urls, ok := strings.CutPrefix(arg, "--listen-client-urls="); ok {
+		for _, arg := range TransportArgs(c.Args) {
+			if urls, ok := strings.CutPrefix(arg, listenClientURLsFlag); ok {
 				client = true
 				for _, u := range strings.Split(urls, ",") {
 					t.ClientTLS = t.ClientTLS || strings.HasPrefix(u, "https://")
 					t.ClientPlain = t.ClientPlain || strings.HasPrefix(u, "http://")
 				}
 			}
-			if urls, ok := strings.CutPrefix(arg, "--listen-peer-urls="); ok {
+			if urls, ok := strings.CutPrefix(arg, listenPeerURLsFlag); ok {
 				peer = true
 				t.PeerTLS = strings.HasPrefix(urls, "https://")
 			}
-			t.PeerCerts = t.PeerCerts || strings.HasPrefix(arg, "--peer-cert-file=")
+			t.PeerCerts = t.PeerCerts || strings.HasPrefix(arg, peerCertFileFlag)
 		}
 		return t, client && peer
 	}
