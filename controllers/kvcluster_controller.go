@@ -113,6 +113,8 @@ func notComparedKinds() []client.Object {
 	return []client.Object{&corev1.Pod{}, &corev1.PersistentVolumeClaim{}, &batchv1.Job{}}
 }
 
+var stripManagedFields = cache.TransformStripManagedFields()
+
 // cachedForm is what the cache keeps of an object of notComparedKinds: no managed fields; of a
 // Pod, besides, only what the operator reads of it (its metadata; each container's name and the
 // flags PodTransport reads; its phase, conditions, and its containers' states and restarts:
@@ -121,9 +123,7 @@ func notComparedKinds() []client.Object {
 // operator reads it from the StatefulSet's template instead. It changes obj in place (the
 // informer's own copy), and a second pass changes nothing (the informer may make two).
 func cachedForm(obj any) any {
-	if o, ok := obj.(client.Object); ok && o.GetManagedFields() != nil {
-		o.SetManagedFields(nil)
-	}
+	obj, _ = stripManagedFields(obj) // never fails
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj
