@@ -117,6 +117,9 @@ func TestDeletionStepsAreAnnouncedWhenTheCacheLags(t *testing.T) {
 			}
 			return c.Get(ctx, key, obj, opts...)
 		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			return c.List(ctx, list, indexedAsLabels(opts)...)
+		},
 	})
 	h.deleteAndReconcile(kvc)
 	h.reconcile(kvc)

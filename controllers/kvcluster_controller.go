@@ -3,6 +3,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -104,6 +105,11 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 		options.ByObject[o] = trimmed
 	}
 	return options
+}
+
+// indexedKinds are the kinds listed by cluster (clusterIndex).
+func indexedKinds() []client.Object {
+	return []client.Object{&corev1.Pod{}, &corev1.PersistentVolumeClaim{}, &batchv1.Job{}}
 }
 
 // notComparedKinds are the kinds the operator never compares with what it owns, so the cache
@@ -216,6 +222,11 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // controller next writes its status. A deletion guard (owned by no one) triggers one for its
 // cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	for _, o := range indexedKinds() {
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), o, clusterIndex, indexByCluster); err != nil {
+			return fmt.Errorf("index %T by cluster: %w", o, err)
+		}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
@@ -235,6 +246,25 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Workers, 1)}).
 		Named("kvcluster").
 		Complete(r)
+}
+
+// clusterIndex indexes the cache's Pods, claims and Jobs by the cluster they belong to (its
+// label): a label selector alone is matched against every object of the namespace, and with a
+// thousand clusters in one namespace that took half the operator's CPU (a CPU profile of the
+// fleet benchmark at N=1000, while creating).
+const clusterIndex = "kvcluster.io/cluster"
+
+// indexByCluster is the value clusterIndex indexes an object by: its cluster label.
+func indexByCluster(o client.Object) []string {
+	if name := o.GetLabels()[specs.ClusterLabel]; name != "" {
+		return []string{name}
+	}
+	return nil
+}
+
+// inClusterIndex selects the objects of the cluster through clusterIndex.
+func inClusterIndex(kvc *kvv1.KVCluster) client.MatchingFields {
+	return client.MatchingFields{clusterIndex: kvc.Name}
 }
 
 // memberPodCluster is the cluster a member pod belongs to; none for a Job's pod.

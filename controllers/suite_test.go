@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
@@ -484,7 +485,7 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 			return nil
 		},
 		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
-			if err := c.List(ctx, list, opts...); err != nil {
+			if err := c.List(ctx, list, indexedAsLabels(opts)...); err != nil {
 				return err
 			}
 			if _, isKVC := list.(*kvv1.KVClusterList); isKVC {
@@ -501,6 +502,27 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 			return meta.SetList(list, items)
 		},
 	})
+}
+
+// indexedAsLabels turns a selection through clusterIndex, which only the manager's cache serves,
+// into the label it indexes, for the API server.
+func indexedAsLabels(opts []client.ListOption) []client.ListOption {
+	var lo client.ListOptions
+	lo.ApplyOptions(opts)
+	name, ok := "", false
+	if lo.FieldSelector != nil {
+		name, ok = lo.FieldSelector.RequiresExactMatch(clusterIndex)
+	}
+	if !ok {
+		return opts
+	}
+	selector := labels.SelectorFromSet(labels.Set{specs.ClusterLabel: name})
+	if lo.LabelSelector != nil {
+		requirements, _ := lo.LabelSelector.Requirements()
+		selector = selector.Add(requirements...)
+	}
+	lo.FieldSelector, lo.LabelSelector = nil, selector
+	return []client.ListOption{&lo}
 }
 
 // restartOperator replaces the reconciler by a new one that remembers nothing.
