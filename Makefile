@@ -154,13 +154,15 @@ bench: ## memory and speed of streaming backups into each store (B/op must not g
 # The fleet benchmark's sizes; it rewrites e2e/scale/BENCHMARKS.md.
 # 1,000 clusters created at once saturate a 2-core machine's control plane (see README).
 BENCH_SCALE_N ?= 10,100
+# More flags of the benchmark (go run ./e2e/scale -h), e.g. -wait-per-cluster=1.2s for 1,000 clusters.
+BENCH_SCALE_FLAGS ?=
 BENCH_SCALE = $(BUILD_TOOLS) kubernetes etcd-$(ETCD_VERSION) kwok && \
 	KVC_KWOK="$$($(BUILD_TOOLS) --print-dir kwok)" KVC_KUBERNETES="$$($(BUILD_TOOLS) --print-dir kubernetes)" \
 	KVC_ETCD_DIR="$$($(BUILD_TOOLS) --print-dir etcd-$(ETCD_VERSION))" go run ./e2e/scale
 
 .PHONY: bench-scale
 bench-scale: ## the operator with BENCH_SCALE_N clusters on a simulated node (kwok): creation, idle, frozen members, upgrade, deletion; tables into e2e/scale/BENCHMARKS.md
-	$(BENCH_SCALE) -n $(BENCH_SCALE_N) -out e2e/scale/BENCHMARKS.md
+	$(BENCH_SCALE) -n $(BENCH_SCALE_N) $(BENCH_SCALE_FLAGS) -out e2e/scale/BENCHMARKS.md
 
 .PHONY: bench-scale-smoke
 bench-scale-smoke: ## the fleet benchmark with 10 clusters, failing on any cluster not Ready, upgraded or deleted, or an idle write

@@ -61,6 +61,7 @@ func main() {
 	steady := flag.Duration("steady", time.Minute, "how long the idle fleet is watched (the operator looks at a healthy cluster once a minute)")
 	frozenShare := flag.Float64("frozen", 0.1, "share of the clusters whose members are frozen while as many new clusters are created")
 	workers := flag.Int("workers", 0, "the operator's --max-concurrent-reconciles (0: its default)")
+	perCluster := flag.Duration("wait-per-cluster", 300*time.Millisecond, "how long creation may take per cluster, on top of 2 minutes, before the clusters not Ready fail the run (1,000 clusters on 2 cores need more than the default)")
 	out := flag.String("out", "", "markdown file to write the tables to, with the machine and how to reproduce them")
 	check := flag.Bool("check", false, "exit 1 unless every cluster became Ready, upgraded and went, and the idle fleet made no write (the smoke run of make test)")
 	flag.Parse()
@@ -91,7 +92,7 @@ func main() {
 		}
 		ns = append(ns, n)
 	}
-	results, err := run(t, ns, *steady, *frozenShare, *workers)
+	results, err := run(t, ns, *steady, *frozenShare, *workers, *perCluster)
 	report := render(results, *steady, *frozenShare, *workers)
 	fmt.Print(report)
 	if err != nil {
@@ -118,7 +119,7 @@ func fail(err error) {
 
 // run brings up the control plane, the simulated members and the harness's watches once, then
 // runs the scenarios for each fleet size with a fresh operator.
-func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers int) ([]*result, error) {
+func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers int, perCluster time.Duration) ([]*result, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cacheDir, err := os.UserCacheDir()
@@ -203,7 +204,7 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 
 	var results []*result
 	for _, n := range ns {
-		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}}
+		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}, perCluster: perCluster}
 		results = append(results, b.r)
 		op, err := startOperator(work, cp.kubeconfig, l.Addr().String(), workers)
 		if err != nil {
@@ -249,6 +250,8 @@ type bench struct {
 	n         int
 	namespace string
 	r         *result
+	// perCluster is how long creation may take per cluster, on top of 2 minutes.
+	perCluster time.Duration
 }
 
 func (b *bench) names(prefix string, n int) []types.NamespacedName {
@@ -331,7 +334,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	if err := b.create(ctx, fleet); err != nil {
 		return err
 	}
-	r.create.notDone = waitAll(fleet, 2*time.Minute+time.Duration(b.n)*300*time.Millisecond, func(c types.NamespacedName) bool {
+	r.create.notDone = waitAll(fleet, 2*time.Minute+time.Duration(b.n)*b.perCluster, func(c types.NamespacedName) bool {
 		_, ok := b.tl.readyAt(c, fromVersion)
 		return ok
 	})
