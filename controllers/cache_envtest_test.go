@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -76,5 +77,82 @@ func TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares(t *testing.T)
 		if len(get(o).GetManagedFields()) == 0 {
 			t.Errorf("the cache keeps no managed fields of %T, which the operator compares with what it owns", o)
 		}
+	}
+}
+
+// BenchmarkListOneCluster lists one cluster's pods out of the manager's cache when a thousand
+// 3-member clusters share its namespace: through the label selector (matched against every pod
+// of the namespace) and through clusterIndex (what observe does).
+func BenchmarkListOneCluster(b *testing.B) {
+	const clusters, members = 1000, 3
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin, err := client.New(restConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "list-"}}
+	if err := admin.Create(ctx, ns); err != nil {
+		b.Fatal(err)
+	}
+	names := make(chan int)
+	errs := make(chan error, 8)
+	for range cap(errs) {
+		go func() {
+			var err error
+			for i := range names {
+				if err != nil {
+					continue
+				}
+				cluster := fmt.Sprintf("kv-%d", i/members)
+				err = admin.Create(ctx, &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", cluster, i%members), Namespace: ns.Name,
+						Labels: map[string]string{specs.ManagedByLabel: specs.ManagedByValue, specs.ClusterLabel: cluster}},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "etcd", Image: "etcd"}}}})
+			}
+			errs <- err
+		}()
+	}
+	for i := range clusters * members {
+		names <- i
+	}
+	close(names)
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	opts := CacheOptions(ns.Name)
+	opts.Scheme = scheme
+	cached, err := cache.New(operatorConfig, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := indexClusters(ctx, cached); err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = cached.Start(ctx) }()
+	if !cached.WaitForCacheSync(ctx) {
+		b.Fatal("the cache did not sync")
+	}
+	kvc := newKVCluster(ns.Name, "kv-500", members)
+	for _, bc := range []struct {
+		name      string
+		selection client.ListOption
+	}{
+		{"label", client.MatchingLabels{specs.ClusterLabel: kvc.Name}},
+		{"index", inClusterIndex(kvc)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				var pods corev1.PodList
+				if err := cached.List(ctx, &pods, client.InNamespace(ns.Name), bc.selection); err != nil {
+					b.Fatal(err)
+				}
+				if len(pods.Items) != members {
+					b.Fatalf("listed %d pods, want %d", len(pods.Items), members)
+				}
+			}
+		})
 	}
 }

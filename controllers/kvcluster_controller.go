@@ -222,10 +222,8 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // controller next writes its status. A deletion guard (owned by no one) triggers one for its
 // cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	for _, o := range indexedKinds() {
-		if err := mgr.GetFieldIndexer().IndexField(context.Background(), o, clusterIndex, indexByCluster); err != nil {
-			return fmt.Errorf("index %T by cluster: %w", o, err)
-		}
+	if err := indexClusters(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
@@ -258,6 +256,16 @@ const clusterIndex = "kvcluster.io/cluster"
 func indexByCluster(o client.Object) []string {
 	if name := o.GetLabels()[specs.ClusterLabel]; name != "" {
 		return []string{name}
+	}
+	return nil
+}
+
+// indexClusters registers clusterIndex for the indexedKinds.
+func indexClusters(ctx context.Context, indexer client.FieldIndexer) error {
+	for _, o := range indexedKinds() {
+		if err := indexer.IndexField(ctx, o, clusterIndex, indexByCluster); err != nil {
+			return fmt.Errorf("index %T by cluster: %w", o, err)
+		}
 	}
 	return nil
 }
