@@ -84,7 +84,7 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	if err := r.backupJobs(ctx, kvc, p.Backups); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := applyStatus(ctx, r.Client, kvc, p.Status); err != nil {
+	if err := applyStatus(ctx, r.Client, &r.held, kvc, p.Status); err != nil {
 		return ctrl.Result{}, err
 	}
 	if p.Status.Phase != kvc.Status.Phase {
@@ -180,23 +180,23 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	if err := r.applyTLS(ctx, kvc, tls, guard, now); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, kvc, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, kvc, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{}), corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{}), corev1ac.ExtractService); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, ch.DisruptionBase),
+	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, ch.DisruptionBase),
 		policyv1ac.ExtractPodDisruptionBudget); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
+	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
 		specs.MembershipConfigMap(kvc, ch.Membership, guard), corev1ac.ExtractConfigMap); err != nil {
 		return err
 	}
 	set := ch.Set
 	set.Guard = guard
-	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
+	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
 		return err
 	}
 	// After the members: a policy the API server refuses (a selector it finds invalid) is
@@ -216,7 +216,7 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 func (r *KVClusterReconciler) applyNetworkPolicy(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID) error {
 	key := client.ObjectKey{Namespace: kvc.Namespace, Name: specs.NetworkPolicyName(kvc)}
 	if specs.WantsNetworkPolicy(kvc) {
-		return applyOwned(ctx, r.Client, kvc, key, &networkingv1.NetworkPolicy{}, specs.NetworkPolicy(kvc, r.Operator, guard),
+		return applyOwned(ctx, r.Client, &r.held, kvc, key, &networkingv1.NetworkPolicy{}, specs.NetworkPolicy(kvc, r.Operator, guard),
 			networkingv1ac.ExtractNetworkPolicy)
 	}
 	var np networkingv1.NetworkPolicy
@@ -301,7 +301,7 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 			data = map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, specs.CACertKey: trust}
 		}
 		name := specs.TLSSecretName(kvc, part.Part)
-		if err := applyOwned(ctx, r.Client, kvc, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &corev1.Secret{},
+		if err := applyOwned(ctx, r.Client, &r.held, kvc, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &corev1.Secret{},
 			specs.TLSSecret(kvc, part.Part, data, guard), corev1ac.ExtractSecret); err != nil {
 			return err
 		}

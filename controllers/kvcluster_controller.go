@@ -58,6 +58,8 @@ type KVClusterReconciler struct {
 	Workers int
 
 	leaders leaderTracker
+	// held spares the compare of an unchanged object with what the operator applies (applyOwned).
+	held heldIntents
 }
 
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
@@ -183,6 +185,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	var kvc kvv1.KVCluster
 	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)
+		r.held.forget(req.NamespacedName)
 		if slices.Contains(r.Leaving, req.Namespace) {
 			return ctrl.Result{}, nil // its guard goes with the namespace
 		}

@@ -281,6 +281,7 @@ func TestEditedChildrenArePutBack(t *testing.T) {
 	h.create(kvc)
 	h.members.set(members.Cluster{}, errNoQuorum)
 	h.reconcile(kvc)
+	h.reconcile(kvc) // found unchanged: from now on, the operator knows this version holds its intent
 
 	ctx := context.Background()
 	var sts appsv1.StatefulSet
