@@ -91,7 +91,7 @@ func statusApplyConfiguration(st kvv1.KVClusterStatus) (*kvv1ac.KVClusterStatusA
 
 // heldIntents remembers, per cluster, the version (UID and resource version) of each object it
 // applies at which that object was found to hold the operator's intent, and a digest of that
-// intent. Comparing through Extract reads the object's managed fields: about 1 ms and 300 KB of
+// intent. Comparing through Extract reads the object's managed fields: over 1 ms and 300 KB of
 // garbage for a StatefulSet, on every reconcile of every cluster; an object that has not changed
 // since, asked for the same intent, holds it still. Any change to the object (its own status
 // included) gives it a new resource version, and is compared afresh. The zero value is ready.
