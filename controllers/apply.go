@@ -106,9 +106,15 @@ type heldIntent struct {
 	digest          [sha256.Size]byte
 }
 
-// holds reports whether obj (of the cluster, what names its kind: one per name) holds desired:
-// from memory when this version of it was found to before, else by compare, remembered when true.
+// holds reports whether obj, of the cluster, holds desired: from memory when this version of it
+// was found to before, else by compare, remembered when true. kind tells apart the cluster's
+// objects that share a name (its StatefulSet and PodDisruptionBudget); what makes the memory
+// right is the UID, resource version and digest, the key only bounds how much is kept. An object
+// with no resource version (not read from the API server) is always compared.
 func (h *heldIntents) holds(kvc *kvv1.KVCluster, obj client.Object, kind string, desired any, compare func() bool) bool {
+	if obj.GetResourceVersion() == "" {
+		return compare()
+	}
 	data, err := json.Marshal(desired)
 	if err != nil {
 		return compare()

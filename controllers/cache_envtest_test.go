@@ -128,7 +128,7 @@ func BenchmarkListOneCluster(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := indexClusters(ctx, cached); err != nil {
+	if err := registerClusterIndex(ctx, cached); err != nil {
 		b.Fatal(err)
 	}
 	go func() { _ = cached.Start(ctx) }()
@@ -141,7 +141,7 @@ func BenchmarkListOneCluster(b *testing.B) {
 		selection client.ListOption
 	}{
 		{"label", client.MatchingLabels{specs.ClusterLabel: kvc.Name}},
-		{"index", inClusterIndex(kvc)},
+		{"index", ofCluster(kvc)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {

@@ -225,7 +225,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // controller next writes its status. A deletion guard (owned by no one) triggers one for its
 // cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := indexClusters(context.Background(), mgr.GetFieldIndexer()); err != nil {
+	if err := registerClusterIndex(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -253,7 +253,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // label): a label selector alone is matched against every object of the namespace, and with a
 // thousand clusters in one namespace that took half the operator's CPU (a CPU profile of the
 // fleet benchmark at N=1000, while creating).
-const clusterIndex = "kvcluster.io/cluster"
+const clusterIndex = specs.ClusterLabel
 
 // indexByCluster is the value clusterIndex indexes an object by: its cluster label.
 func indexByCluster(o client.Object) []string {
@@ -263,8 +263,8 @@ func indexByCluster(o client.Object) []string {
 	return nil
 }
 
-// indexClusters registers clusterIndex for the indexedKinds.
-func indexClusters(ctx context.Context, indexer client.FieldIndexer) error {
+// registerClusterIndex registers clusterIndex for the indexedKinds.
+func registerClusterIndex(ctx context.Context, indexer client.FieldIndexer) error {
 	for _, o := range indexedKinds() {
 		if err := indexer.IndexField(ctx, o, clusterIndex, indexByCluster); err != nil {
 			return fmt.Errorf("index %T by cluster: %w", o, err)
@@ -273,8 +273,9 @@ func indexClusters(ctx context.Context, indexer client.FieldIndexer) error {
 	return nil
 }
 
-// inClusterIndex selects the objects of the cluster through clusterIndex.
-func inClusterIndex(kvc *kvv1.KVCluster) client.MatchingFields {
+// ofCluster selects the objects of the cluster through clusterIndex (the cache's, not the API
+// server's: a direct client needs the label).
+func ofCluster(kvc *kvv1.KVCluster) client.MatchingFields {
 	return client.MatchingFields{clusterIndex: kvc.Name}
 }
 

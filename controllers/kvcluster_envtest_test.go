@@ -286,6 +286,9 @@ func TestEditedChildrenArePutBack(t *testing.T) {
 	ctx := context.Background()
 	var sts appsv1.StatefulSet
 	h.get(&sts, ns, "kv")
+	if held := h.r.held.byCluster[client.ObjectKeyFromObject(kvc)][fmt.Sprintf("%T/kv", &sts)]; held.resourceVersion != sts.ResourceVersion {
+		t.Fatalf("the operator does not remember the StatefulSet's version %s as holding its intent: %+v", sts.ResourceVersion, held)
+	}
 	five := int32(5)
 	sts.Spec.Replicas = &five
 	sts.Spec.Template.Spec.Containers[0].Image = "example.com/evil:latest"

@@ -171,7 +171,7 @@ func (r *KVClusterReconciler) membersClient(kvc *kvv1.KVCluster, scheme string, 
 
 // observePods reads the member pods and the data claims they run on.
 func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVCluster, sts *appsv1.StatefulSet, obs *plan.Observation) error {
-	inCluster := []client.ListOption{client.InNamespace(kvc.Namespace), inClusterIndex(kvc)}
+	inCluster := []client.ListOption{client.InNamespace(kvc.Namespace), ofCluster(kvc)}
 	var claims corev1.PersistentVolumeClaimList
 	if err := r.Client.List(ctx, &claims, inCluster...); err != nil {
 		return fmt.Errorf("list volume claims of %s/%s: %w", kvc.Namespace, kvc.Name, err)
@@ -337,7 +337,7 @@ func (r *KVClusterReconciler) missingPodReferences(ctx context.Context, kvc *kvv
 // finished one, and the pre-upgrade backup Job among them.
 func (r *KVClusterReconciler) observeJobs(ctx context.Context, kvc *kvv1.KVCluster) ([]plan.Job, *batchv1.Job, error) {
 	var list batchv1.JobList
-	if err := r.Client.List(ctx, &list, client.InNamespace(kvc.Namespace), inClusterIndex(kvc), client.HasLabels{specs.BackupKindLabel}); err != nil {
+	if err := r.Client.List(ctx, &list, client.InNamespace(kvc.Namespace), ofCluster(kvc), client.HasLabels{specs.BackupKindLabel}); err != nil {
 		return nil, nil, fmt.Errorf("list backup Jobs of %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
 	jobs := make([]plan.Job, 0, len(list.Items))

@@ -61,7 +61,7 @@ func main() {
 	steady := flag.Duration("steady", time.Minute, "how long the idle fleet is watched (the operator looks at a healthy cluster once a minute)")
 	frozenShare := flag.Float64("frozen", 0.1, "share of the clusters whose members are frozen while as many new clusters are created")
 	workers := flag.Int("workers", 0, "the operator's --max-concurrent-reconciles (0: its default)")
-	perCluster := flag.Duration("wait-per-cluster", 300*time.Millisecond, "how long creation may take per cluster, on top of 2 minutes, before the clusters not Ready fail the run (1,000 clusters on 2 cores need more than the default)")
+	perCluster := flag.Duration("wait-per-cluster", 300*time.Millisecond, "how long creation may take per cluster, on top of 2 minutes, before the clusters not Ready fail the run (also for those created beside frozen ones; 1,000 clusters on 2 cores need more than the default)")
 	out := flag.String("out", "", "markdown file to write the tables to, with the machine and how to reproduce them")
 	check := flag.Bool("check", false, "exit 1 unless every cluster became Ready, upgraded and went, and the idle fleet made no write (the smoke run of make test)")
 	flag.Parse()
@@ -386,7 +386,7 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 		if err := b.create(ctx, probes); err != nil {
 			return err
 		}
-		r.frozen.notDone = waitAll(probes, 2*time.Minute+time.Duration(frozen)*300*time.Millisecond, func(c types.NamespacedName) bool {
+		r.frozen.notDone = waitAll(probes, 2*time.Minute+time.Duration(frozen)*b.perCluster, func(c types.NamespacedName) bool {
 			_, ok := b.tl.readyAt(c, fromVersion)
 			return ok
 		})
@@ -671,9 +671,11 @@ Fleet sizes: %s.
     make tools          # once: builds kwok and the Kubernetes binaries into the cache
     make bench-scale    # BENCH_SCALE_N=10,100 by default; rewrites this file
 
+This file's run: `+"`go run ./e2e/scale %s`"+`.
+
 `+"`make test`"+` runs the same harness with N=10 as a smoke test.
 
 ## Results
 
-%s`, time.Now().UTC().Format("2006-01-02"), strings.TrimSpace(string(commit)), runtime.NumCPU(), cpu, mem, runtime.GOOS, runtime.GOARCH, runtime.Version(), sizes, withWorkers, report)
+%s`, time.Now().UTC().Format("2006-01-02"), strings.TrimSpace(string(commit)), runtime.NumCPU(), cpu, mem, runtime.GOOS, runtime.GOARCH, runtime.Version(), sizes, withWorkers, strings.Join(os.Args[1:], " "), report)
 }
