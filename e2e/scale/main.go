@@ -664,7 +664,7 @@ Fleet sizes: %s.
   delays and are lower bounds for real members.
 - API requests are the operator's own (its user agent), counted from the API server's audit log;
   CPU and RSS from /proc; the work queue's depth and wait from the operator's metrics, scraped every
-  5 s and at each scenario's start and end (the depth is the largest of those samples).
+  second (only the series these tables use).
 
 ## Reproduce
 
