@@ -133,6 +133,21 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return nil, err
 	}
+	// Two runs would share the control plane's name and the clusters' names: one's deletion
+	// scenario deletes the other's clusters (a run whose 'go run' was killed lives on). The lock
+	// goes with the process.
+	lock, err := os.OpenFile(work+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = lock.Close() }()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(lock.Name())
+		return nil, fmt.Errorf("another bench-scale is running, process %s (it holds %s: %v): stop it first", bytes.TrimSpace(holder), lock.Name(), err)
+	}
+	if err := lock.Truncate(0); err == nil {
+		_, _ = fmt.Fprintf(lock, "%d\n", os.Getpid())
+	}
 	defer func() { _ = os.RemoveAll(work) }()
 	fmt.Fprintf(os.Stderr, "bench-scale: building the operator (kvcsim) and the volume provisioner in %s\n", work)
 	for _, b := range [][]string{
