@@ -152,9 +152,9 @@ bench: ## memory and speed of streaming backups into each store (B/op must not g
 	KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" go test -run '^$$' -bench StorePut -benchtime 3x ./backup/
 
 # The fleet benchmark's sizes; it rewrites e2e/scale/BENCHMARKS.md.
-# 1,000 clusters created at once saturate a 2-core machine's control plane (see README).
+# 1,000 clusters take about 9 minutes to create on a 2-core machine (see README).
 BENCH_SCALE_N ?= 10,100
-# More flags of the benchmark (go run ./e2e/scale -h), e.g. -wait-per-cluster=1.2s for 1,000 clusters.
+# More flags of the benchmark (go run ./e2e/scale -h), e.g. -wait-per-cluster=1.5s for 1,000 clusters.
 BENCH_SCALE_FLAGS ?=
 BENCH_SCALE = $(BUILD_TOOLS) kubernetes etcd-$(ETCD_VERSION) kwok && \
 	KVC_KWOK="$$($(BUILD_TOOLS) --print-dir kwok)" KVC_KUBERNETES="$$($(BUILD_TOOLS) --print-dir kubernetes)" \

@@ -107,7 +107,7 @@ type heldIntent struct {
 }
 
 // holds reports whether obj, of the cluster, holds desired: from memory when this version of it
-// was found to before, else by compare, remembered when true. kind tells apart the cluster's
+// was found to hold it before, else by compare, remembered when true. kind tells apart the cluster's
 // objects that share a name (its StatefulSet and PodDisruptionBudget); what makes the memory
 // right is the UID, resource version and digest, the key only bounds how much is kept. An object
 // with no resource version (not read from the API server) is always compared.

@@ -49,6 +49,9 @@ func TestHeldIntentsCompareAnythingChanged(t *testing.T) {
 		{"an object re-created is", []step{
 			{object("a", "1"), intent(2379), true, true, true},
 			{object("b", "1"), intent(2379), false, true, false}}},
+		{"an object with no resource version always is", []step{
+			{object("a", ""), intent(2379), true, true, true},
+			{object("a", ""), intent(2379), true, true, true}}},
 		{"a difference is not remembered", []step{
 			{object("a", "1"), intent(2379), false, true, false},
 			{object("a", "1"), intent(2379), false, true, false}}},

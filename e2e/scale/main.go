@@ -130,7 +130,7 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	if c := os.Getenv("KVC_CACHE"); c != "" {
 		work = filepath.Join(c, "bench-scale")
 	}
-	if err := os.MkdirAll(work, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(work), 0o755); err != nil {
 		return nil, err
 	}
 	// Two runs would share the control plane's name and the clusters' names: one's deletion
@@ -141,12 +141,18 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 		return nil, err
 	}
 	defer func() { _ = lock.Close() }()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	switch err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
+	case errors.Is(err, syscall.EWOULDBLOCK):
 		holder, _ := os.ReadFile(lock.Name())
-		return nil, fmt.Errorf("another bench-scale is running, process %s (it holds %s: %v): stop it first", bytes.TrimSpace(holder), lock.Name(), err)
+		return nil, fmt.Errorf("another bench-scale is running, process %s (it holds %s): stop it first", bytes.TrimSpace(holder), lock.Name())
+	case err != nil:
+		return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
 	if err := lock.Truncate(0); err == nil {
 		_, _ = fmt.Fprintf(lock, "%d\n", os.Getpid())
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return nil, err
 	}
 	defer func() { _ = os.RemoveAll(work) }()
 	fmt.Fprintf(os.Stderr, "bench-scale: building the operator (kvcsim) and the volume provisioner in %s\n", work)
@@ -679,7 +685,7 @@ Fleet sizes: %s.
   delays and are lower bounds for real members.
 - API requests are the operator's own (its user agent), counted from the API server's audit log;
   CPU and RSS from /proc; the work queue's depth and wait from the operator's metrics, scraped every
-  second (only the series these tables use).
+  second (only the series these tables use are sent; each scrape still gathers every series).
 
 ## Reproduce
 

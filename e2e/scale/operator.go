@@ -180,10 +180,11 @@ func (op *operator) shutdown() {
 	op.kill()
 }
 
-// scraped are the metrics the harness reads. Only they are asked for (name[]): the whole
-// endpoint, every cluster's series, costs the operator a fifth of a second of CPU to serve at
-// 1,000 clusters (read every second, 44 % of its CPU), work Prometheus asks for every 15–60 s.
-var scraped = []string{"workqueue_depth", "workqueue_queue_duration_seconds", "controller_runtime_reconcile_time_seconds", "kvcluster_reconcile_step_duration_seconds"}
+// metricsRead are the metric families the harness reads, the only ones it asks for (name[]):
+// the whole endpoint's text, every cluster's series, cost the operator a fifth of a second of CPU
+// at 1,000 clusters (read every second, 44 % of its CPU), work Prometheus asks for every 15–60 s.
+// The filter spares the encoding; each scrape still gathers every series.
+var metricsRead = []string{"workqueue_depth", "workqueue_queue_duration_seconds", "controller_runtime_reconcile_time_seconds", "kvcluster_reconcile_step_duration_seconds"}
 
 func (op *operator) sampleEverySecond() {
 	defer close(op.stopped)
@@ -255,7 +256,7 @@ func (op *operator) sample(scrape bool) (sample, error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, op.metrics+"?name[]="+strings.Join(scraped, "&name[]="), nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, op.metrics+"?name[]="+strings.Join(metricsRead, "&name[]="), nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return s, err
