@@ -109,14 +109,9 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 	return options
 }
 
-// indexedKinds are the kinds listed by cluster (clusterIndex).
-func indexedKinds() []client.Object {
-	return []client.Object{&corev1.Pod{}, &corev1.PersistentVolumeClaim{}, &batchv1.Job{}}
-}
-
 // notComparedKinds are the kinds the operator never compares with what it owns, so the cache
-// keeps none of their managed fields (cachedForm). Members' claims carry the labels of the
-// StatefulSet's claim template.
+// keeps none of their managed fields (cachedForm); it reads them by cluster (clusterIndex), many
+// per cluster. Members' claims carry the labels of the StatefulSet's claim template.
 func notComparedKinds() []client.Object {
 	return []client.Object{&corev1.Pod{}, &corev1.PersistentVolumeClaim{}, &batchv1.Job{}}
 }
@@ -263,9 +258,9 @@ func indexByCluster(o client.Object) []string {
 	return nil
 }
 
-// registerClusterIndex registers clusterIndex for the indexedKinds.
+// registerClusterIndex registers clusterIndex for the notComparedKinds.
 func registerClusterIndex(ctx context.Context, indexer client.FieldIndexer) error {
-	for _, o := range indexedKinds() {
+	for _, o := range notComparedKinds() {
 		if err := indexer.IndexField(ctx, o, clusterIndex, indexByCluster); err != nil {
 			return fmt.Errorf("index %T by cluster: %w", o, err)
 		}

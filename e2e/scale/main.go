@@ -133,24 +133,11 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	if err := os.MkdirAll(filepath.Dir(work), 0o755); err != nil {
 		return nil, err
 	}
-	// Two runs would share the control plane's name and the clusters' names: one's deletion
-	// scenario deletes the other's clusters (a run whose 'go run' was killed lives on). The lock
-	// goes with the process.
-	lock, err := os.OpenFile(work+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := lockFolder(work)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = lock.Close() }()
-	switch err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
-	case errors.Is(err, syscall.EWOULDBLOCK):
-		holder, _ := os.ReadFile(lock.Name())
-		return nil, fmt.Errorf("another bench-scale is running, process %s (it holds %s): stop it first", bytes.TrimSpace(holder), lock.Name())
-	case err != nil:
-		return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
-	}
-	if err := lock.Truncate(0); err == nil {
-		_, _ = fmt.Fprintf(lock, "%d\n", os.Getpid())
-	}
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return nil, err
 	}
@@ -699,4 +686,28 @@ This file's run: `+"`go run ./e2e/scale %s`"+`.
 ## Results
 
 %s`, time.Now().UTC().Format("2006-01-02"), strings.TrimSpace(string(commit)), runtime.NumCPU(), cpu, mem, runtime.GOOS, runtime.GOARCH, runtime.Version(), sizes, withWorkers, strings.Join(os.Args[1:], " "), report)
+}
+
+// lockFolder takes the lock of the benchmark's folder work (<work>.lock, beside it) and writes the
+// process's PID into it; closing the file, or the process ending, releases it. Two runs would
+// share the control plane's name and the clusters' names: one's deletion scenario deletes the
+// other's clusters (a run whose 'go run' was killed lives on).
+func lockFolder(work string) (*os.File, error) {
+	lock, err := os.OpenFile(work+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	switch err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		holder, _ := os.ReadFile(lock.Name())
+		_ = lock.Close()
+		return nil, fmt.Errorf("another bench-scale is running, process %s (it holds %s): stop it first", bytes.TrimSpace(holder), lock.Name())
+	case err != nil:
+		_ = lock.Close()
+		return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	if err := lock.Truncate(0); err == nil {
+		_, _ = fmt.Fprintf(lock, "%d\n", os.Getpid())
+	}
+	return lock, nil
 }

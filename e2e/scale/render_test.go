@@ -1,6 +1,9 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -36,4 +39,25 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 	if !strings.Contains(out, "**N=1000: 400 clusters never became Ready**") {
 		t.Errorf("the clusters that never became Ready are not said:\n%s", out)
 	}
+}
+
+// TestASecondRunDoesNotStartBesideTheFirst: while one run holds the folder's lock, another is
+// refused with the holder's PID; once it is released, the next run takes it.
+func TestASecondRunDoesNotStartBesideTheFirst(t *testing.T) {
+	work := filepath.Join(t.TempDir(), "bench-scale")
+	first, err := lockFolder(work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockFolder(work); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("process %d", os.Getpid())) {
+		t.Fatalf("a second run beside the first: %v, want refused naming process %d", err, os.Getpid())
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	next, err := lockFolder(work)
+	if err != nil {
+		t.Fatalf("after the first run: %v", err)
+	}
+	_ = next.Close()
 }
