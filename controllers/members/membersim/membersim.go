@@ -52,6 +52,9 @@ type Sim struct {
 	// Live, if set, the API server itself.
 	Pods, Live client.Reader
 
+	// mu guards the maps below. Each cluster has a lock of its own, as each etcd cluster is its
+	// own: a request never waits for another cluster's (whose answer may first read the API
+	// server), which a fleet's real members never do either.
 	mu       sync.Mutex
 	clusters map[types.UID]*cluster // by the membership ConfigMap's UID: a new cluster under an old name starts afresh
 	frozen   map[types.NamespacedName]bool
@@ -62,6 +65,7 @@ type Sim struct {
 }
 
 type cluster struct {
+	mu        sync.Mutex // held for the whole of a request to this cluster
 	id        uint64
 	members   []*member
 	leader    uint64
@@ -281,7 +285,7 @@ type call struct {
 	self *member
 }
 
-// begin finds who a request reached and locks the simulation for it; the caller runs done.
+// begin finds who a request reached and locks its cluster for it; the caller runs done.
 func (s *Sim) begin(ctx context.Context) (*call, error) {
 	s.requests.Add(1)
 	p, ok := peer.FromContext(ctx)
@@ -330,6 +334,8 @@ func (s *Sim) begin(ctx context.Context) (*call, error) {
 		}
 		s.clusters[cm.UID] = c
 	}
+	s.mu.Unlock()
+	c.mu.Lock()
 	k := &call{s: s, kvc: kvc, c: c, pod: pod}
 	k.refresh(ctx)
 	for _, m := range c.members {
@@ -338,15 +344,15 @@ func (s *Sim) begin(ctx context.Context) (*call, error) {
 		}
 	}
 	if k.self == nil { // its pod runs, but etcd removed the member (it exits) or never added it
-		s.mu.Unlock()
+		c.mu.Unlock()
 		return nil, status.Errorf(codes.Unavailable, "connection refused: %s is not a member", t.member)
 	}
 	return k, nil
 }
 
-func (k *call) done() { k.s.mu.Unlock() }
+func (k *call) done() { k.c.mu.Unlock() }
 
-// running reports whether the member's pod is Ready. Called with the lock held: reads the cache.
+// running reports whether the member's pod is Ready. Called with the cluster's lock held.
 func (k *call) running(ctx context.Context, m *member) bool {
 	_, err := k.s.runningPod(ctx, target{cluster: types.NamespacedName{Namespace: k.kvc.Namespace, Name: k.kvc.Name}, member: specs.MemberName(k.kvc, m.ordinal)})
 	return err == nil

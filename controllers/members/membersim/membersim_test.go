@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -266,5 +267,61 @@ func TestPooledClientsAreReusedUntilIdleOrUnanswered(t *testing.T) {
 	}
 	if n := pooled.Pool.Len(); n != 0 {
 		t.Errorf("%d clients still open after the idle time", n)
+	}
+}
+
+// blockingLive is an API server that does not answer for one cluster's pods until released.
+type blockingLive struct {
+	client.Reader
+	cluster  string
+	entered  chan struct{} // receives once per read it holds
+	released chan struct{}
+}
+
+func (b blockingLive) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, isPod := obj.(*corev1.Pod); isPod && strings.HasPrefix(key.Name, b.cluster+"-") {
+		b.entered <- struct{}{}
+		select {
+		case <-b.released:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return b.Reader.Get(ctx, key, obj, opts...)
+}
+
+// A request to one cluster never waits for another's: while a request to a cluster whose members
+// are still starting waits for the API server, another cluster answers at once, as two etcd
+// clusters would.
+func TestAClusterAnswersWhileAnotherWaitsForTheAPIServer(t *testing.T) {
+	ctx := context.Background()
+	starting, running := testCluster("starting", 3), testCluster("running", 3)
+	c := fake.NewClientBuilder().WithObjects(membershipConfigMap(starting), membershipConfigMap(running)).Build()
+	live := blockingLive{Reader: c, cluster: "starting", entered: make(chan struct{}, 8), released: make(chan struct{})}
+	sim, etcd := simulated(t, c)
+	sim.Live = live
+	defer close(live.released)
+	setReady(t, c, starting, 0, "3.7.3", true) // members 1 and 2 not Ready: read again from the API server
+	for i := range 3 {
+		setReady(t, c, running, i, "3.7.3", true)
+	}
+
+	// Member 0 is asked alone: it is Ready, so the reads that wait are those of its cluster's
+	// other members, made while the request holds its cluster; and for longer than the running
+	// cluster is given to answer.
+	patient := etcd
+	patient.Timeout = time.Minute
+	go func() { _, _ = patient.Cluster(ctx, specs.MemberClientURLs(starting, "http")[:1], urlOf(starting)) }()
+	select {
+	case <-live.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request to the starting cluster never read its members from the API server")
+	}
+	got, err := etcd.Cluster(ctx, specs.MemberClientURLs(running, "http"), urlOf(running))
+	if err != nil {
+		t.Fatalf("the running cluster, while the starting one waits for the API server: %v", err)
+	}
+	if sick := slices.IndexFunc(got.Members, func(m members.Member) bool { return !m.Healthy }); sick >= 0 || !got.HasLeader {
+		t.Errorf("the running cluster, while the starting one waits for the API server: %+v, want 3 healthy members and a leader", got)
 	}
 }
