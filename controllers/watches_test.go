@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -69,6 +70,30 @@ func TestStatefulSetChanged(t *testing.T) {
 		{"being deleted", func(s *appsv1.StatefulSet) { s.DeletionTimestamp = &metav1.Time{} }, true},
 		{"the new spec seen", func(s *appsv1.StatefulSet) { s.Status.ObservedGeneration = 3 }, true},
 		{"a new revision", func(s *appsv1.StatefulSet) { s.Status.UpdateRevision = "kv-2" }, true},
+	})
+}
+
+// TestOwnedPartChanged: a PodDisruptionBudget's updates start a reconcile when they change what
+// the operator owns, not when its controller counts healthy pods.
+func TestOwnedPartChanged(t *testing.T) {
+	settled := func() *policyv1.PodDisruptionBudget {
+		return &policyv1.PodDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Name: "kv", Generation: 1, Labels: map[string]string{"app": "kv"}},
+			Status:     policyv1.PodDisruptionBudgetStatus{ObservedGeneration: 1, CurrentHealthy: 3, DesiredHealthy: 2, ExpectedPods: 3, DisruptionsAllowed: 1},
+		}
+	}
+	checkUpdates(t, ownedPartChanged, settled, []updateCase[*policyv1.PodDisruptionBudget]{
+		{"nothing", func(*policyv1.PodDisruptionBudget) {}, false},
+		{"a pod less healthy", func(b *policyv1.PodDisruptionBudget) {
+			b.Status.CurrentHealthy, b.Status.DisruptionsAllowed = 2, 0
+		}, false},
+		{"its spec edited", func(b *policyv1.PodDisruptionBudget) { b.Generation++ }, true},
+		{"a label edited", func(b *policyv1.PodDisruptionBudget) { b.Labels["app"] = "other" }, true},
+		{"an annotation added", func(b *policyv1.PodDisruptionBudget) { b.Annotations = map[string]string{"note": "x"} }, true},
+		{"an owner added", func(b *policyv1.PodDisruptionBudget) {
+			b.OwnerReferences = []metav1.OwnerReference{{Name: "someone"}}
+		}, true},
+		{"being deleted", func(b *policyv1.PodDisruptionBudget) { b.DeletionTimestamp = &metav1.Time{} }, true},
 	})
 }
 
