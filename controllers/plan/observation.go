@@ -305,6 +305,16 @@ func (o Observation) AskableURLs(kvc *kvv1.KVCluster) []string {
 	return urls
 }
 
+// memberRuns: some member pod's etcd container runs.
+func (o Observation) memberRuns() bool {
+	for _, p := range o.Pods {
+		if p.Running {
+			return true
+		}
+	}
+	return false
+}
+
 // Askable reports whether the member with the given ordinal is among AskableURLs.
 func (o Observation) Askable(ordinal int) bool {
 	p, ok := o.Pods[ordinal]

@@ -204,6 +204,36 @@ func TestDecideFailedLeavesOnSpecChange(t *testing.T) {
 }
 
 // An idle reconcile must compute exactly the status it started from, or it would write every time.
+// A Creating cluster with no member's etcd running is polled rarely (pod events wake it), yet never
+// later than its progress deadline; once a member runs, often.
+func TestCreatingLooksAgain(t *testing.T) {
+	noQuorum := errors.New("no quorum")
+	starting := map[int]Pod{0: {}, 1: {}, 2: {}}
+	oneRuns := map[int]Pod{0: {Running: true}, 1: {}, 2: {}}
+	for _, tt := range []struct {
+		name        string
+		progressAgo time.Duration // of the 10-minute deadline
+		obs         Observation
+		want        time.Duration
+	}{
+		{"no pod yet", time.Minute, Observation{EtcdErr: errors.New("no member pods exist yet")}, pollWhileNothingRuns},
+		{"pods made, no etcd runs", time.Minute, Observation{Pods: starting, EtcdErr: noQuorum}, pollWhileNothingRuns},
+		{"no etcd runs, the deadline in 10s", 9*time.Minute + 50*time.Second, Observation{Pods: starting, EtcdErr: noQuorum}, 11 * time.Second},
+		{"no etcd runs, the deadline in 100ms", 10*time.Minute - 100*time.Millisecond, Observation{Pods: starting, EtcdErr: noQuorum}, 1100 * time.Millisecond},
+		{"a member's etcd runs", time.Minute, Observation{Pods: oneRuns, EtcdErr: noQuorum}, pollWhileProgressing},
+		{"etcd answers before a pod is seen running", time.Minute, Observation{Pods: starting, Cluster: etcdOf(3, "3.7.3", func(c *members.Cluster) {
+			c.Members[1].Healthy = false
+		})}, pollWhileProgressing},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			kvc := kvcIn(kvv1.PhaseCreating, tt.progressAgo)
+			if v := creating(kvc, tt.obs, Rollout{}, t0); v.phase != kvv1.PhaseCreating || v.requeueAfter != tt.want {
+				t.Errorf("%s, looks again after %s; want Creating, after %s", v.phase, v.requeueAfter, tt.want)
+			}
+		})
+	}
+}
+
 func TestDecideIsStableWhenNothingChanges(t *testing.T) {
 	for _, obs := range []Observation{
 		{ReadyMembers: 3, Cluster: etcdOf(3, "3.7.3", nil)},
