@@ -15,12 +15,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -217,7 +219,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // trigger one on any change, so drift is put back, except the StatefulSet's counts of pods
 // (statefulSetChanged) and the PodDisruptionBudget's status (ownedPartChanged). A member pod triggers one when what the operator reads from it changes
 // (memberPodChanged), so a member turning Ready is noticed at once, not when the StatefulSet
-// controller next writes its status. A deletion guard (owned by no one) triggers one for its
+// controller next writes its status, and ahead of other queued work (memberChangePriority). A deletion guard (owned by no one) triggers one for its
 // cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := registerClusterIndex(context.Background(), mgr.GetFieldIndexer()); err != nil {
@@ -231,7 +233,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
 		})).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(memberPodCluster), builder.WithPredicates(memberPodChanged)).
+		Watches(&corev1.Pod{}, memberPodEvents, builder.WithPredicates(memberPodChanged)).
 		Owns(&appsv1.StatefulSet{}, builder.WithPredicates(statefulSetChanged)).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(ownedPartChanged)).
@@ -280,6 +282,45 @@ func memberPodCluster(_ context.Context, o client.Object) []reconcile.Request {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetLabels()[specs.ClusterLabel]}}}
+}
+
+// memberChangePriority is the work queue priority of a reconcile a member pod's change starts:
+// above that of every other event (0), so a cluster whose member became Ready, stopped or went is
+// looked at before the queue's other work — new clusters' first reconciles, owned objects'
+// changes — whatever that holds. With 100 clusters created at once, the clusters whose members
+// were Ready first had waited ~2 s behind the others' first reconciles (the fleet benchmark's
+// audit log).
+const memberChangePriority = 1
+
+// memberPodEvents enqueues a member pod's cluster (memberPodCluster) at memberChangePriority; at
+// the low priority of everything the operator's start lists, for the pods it lists then.
+var memberPodEvents = handler.Funcs{
+	CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		priority := memberChangePriority
+		if e.IsInInitialList {
+			priority = handler.LowPriority
+		}
+		enqueueAt(q, priority, memberPodCluster(ctx, e.Object))
+	},
+	UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		enqueueAt(q, memberChangePriority, append(memberPodCluster(ctx, e.ObjectOld), memberPodCluster(ctx, e.ObjectNew)...))
+	},
+	DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		enqueueAt(q, memberChangePriority, memberPodCluster(ctx, e.Object))
+	},
+}
+
+// enqueueAt adds the requests to the work queue at the priority (a queue without priorities
+// takes them in order).
+func enqueueAt(q workqueue.TypedRateLimitingInterface[reconcile.Request], priority int, reqs []reconcile.Request) {
+	pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request])
+	for _, req := range reqs {
+		if ok {
+			pq.AddWithOpts(priorityqueue.AddOpts{Priority: &priority}, req)
+		} else {
+			q.Add(req)
+		}
+	}
 }
 
 // memberPodChanged lets through a pod's creation and deletion, and an update that changes what

@@ -9,9 +9,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -139,6 +142,44 @@ func TestMemberPodCluster(t *testing.T) {
 			}
 			if fmt.Sprint(got) != tc.want {
 				t.Errorf("requests = %v, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestAMemberChangeGoesFirst: a cluster whose member pod changed is taken from the work queue
+// before the work queued ahead of it, except for the pods the operator lists as it starts.
+func TestAMemberChangeGoesFirst(t *testing.T) {
+	member := func(cluster string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: cluster + "-0",
+			Labels: map[string]string{specs.ClusterLabel: cluster, appsv1.StatefulSetRevisionLabel: cluster + "-1"}}}
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		event func(q workqueue.TypedRateLimitingInterface[reconcile.Request])
+		want  string // the cluster taken first from the queue
+	}{
+		{"a member pod made", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			memberPodEvents.Create(ctx, event.CreateEvent{Object: member("changed")}, q)
+		}, "changed"},
+		{"a member pod changed", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			memberPodEvents.Update(ctx, event.UpdateEvent{ObjectOld: member("changed"), ObjectNew: member("changed")}, q)
+		}, "changed"},
+		{"a member pod gone", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			memberPodEvents.Delete(ctx, event.DeleteEvent{Object: member("changed")}, q)
+		}, "changed"},
+		{"a member pod listed as the operator starts", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			memberPodEvents.Create(ctx, event.CreateEvent{Object: member("changed"), IsInInitialList: true}, q)
+		}, "earlier"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := priorityqueue.New[reconcile.Request]("test")
+			defer q.ShutDown()
+			q.Add(reconcile.Request{NamespacedName: client.ObjectKey{Namespace: "ns", Name: "earlier"}}) // a new cluster, say
+			tc.event(q)
+			if first, _, _ := q.GetWithPriority(); first.Name != tc.want {
+				t.Errorf("%s taken first, want %s", first.Name, tc.want)
 			}
 		})
 	}
