@@ -267,8 +267,10 @@ func (op *operator) sample(scrape bool) (sample, error) {
 	if err != nil {
 		return s, err
 	}
-	if m := series(families["workqueue_depth"], "name", "kvcluster"); m != nil {
-		s.queueDepth = m.GetGauge().GetValue()
+	// The priority queue reports its depth per priority (the initial list's and polls' low one,
+	// events' 0, member changes' 1): the depth is their sum.
+	for _, m := range allSeries(families["workqueue_depth"], "name", "kvcluster") {
+		s.queueDepth += m.GetGauge().GetValue()
 	}
 	if m := series(families["workqueue_queue_duration_seconds"], "name", "kvcluster"); m != nil {
 		s.scraped, s.queueWait = true, spent(m.GetHistogram())
@@ -288,14 +290,21 @@ func (op *operator) sample(scrape bool) (sample, error) {
 // series picks the series of a metric whose label has this value (the KVCluster controller's
 // work queue: name="kvcluster"; one step: step="observe").
 func series(f *dto.MetricFamily, label, value string) *dto.Metric {
-	for _, m := range f.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == label && l.GetValue() == value {
-				return m
-			}
-		}
+	if all := allSeries(f, label, value); len(all) > 0 {
+		return all[0]
 	}
 	return nil
+}
+
+// allSeries are the series of a metric whose label has this value.
+func allSeries(f *dto.MetricFamily, label, value string) []*dto.Metric {
+	var all []*dto.Metric
+	for _, m := range f.GetMetric() {
+		if slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == label && l.GetValue() == value }) {
+			all = append(all, m)
+		}
+	}
+	return all
 }
 
 // usage is what the operator used between two moments.

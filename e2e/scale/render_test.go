@@ -2,7 +2,11 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -60,4 +64,29 @@ func TestASecondRunDoesNotStartBesideTheFirst(t *testing.T) {
 		t.Fatalf("after the first run: %v", err)
 	}
 	_ = next.Close()
+}
+
+// The work queue's depth is the sum of its priorities' (the priority queue reports each apart).
+func TestTheQueueDepthCountsEveryPriority(t *testing.T) {
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, `# TYPE workqueue_depth gauge
+workqueue_depth{controller="kvcluster",name="kvcluster",priority="-100"} 5
+workqueue_depth{controller="kvcluster",name="kvcluster",priority="0"} 3
+workqueue_depth{controller="kvcluster",name="kvcluster",priority="1"} 2
+workqueue_depth{controller="other",name="other",priority="0"} 7
+`)
+	}))
+	defer metrics.Close()
+	self, err := os.FindProcess(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := &operator{cmd: &exec.Cmd{Process: self}, metrics: metrics.URL}
+	s, err := op.sample(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.queueDepth != 10 {
+		t.Errorf("queue depth %v, want 10 (5 + 3 + 2 of the kvcluster queue)", s.queueDepth)
+	}
 }
