@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,21 @@ func namespaceWithBackupClaim(ctx context.Context, t *testing.T, cfg *envconf.Co
 	return ns
 }
 
+// put writes key = value through the member pod and returns the revision etcd gave the write.
+func put(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, pod, key, value string) int64 {
+	t.Helper()
+	out := etcdctl(ctx, t, cfg, kvc, pod, "put", "-w", "json", key, value)
+	var resp struct {
+		Header struct {
+			Revision int64 `json:"revision"`
+		} `json:"header"`
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || resp.Header.Revision == 0 {
+		t.Fatalf("put %s: no revision in %q: %v", key, out, err)
+	}
+	return resp.Header.Revision
+}
+
 // backedUpOnClaim is a cluster on 512Mi volumes backed up every minute onto the claim
 // "backup-volume" (see namespaceWithBackupClaim).
 func backedUpOnClaim(ns, name string, partitions int32) *kvv1.KVCluster {
@@ -69,10 +85,12 @@ func TestBackupsOnAPersistentVolumeClaim(t *testing.T) {
 		}).
 		Assess("a scheduled backup lands on the claim", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			waitReady(ctx, t, cfg, kvc, 5*time.Minute)
-			etcdctl(ctx, t, cfg, kvc, "ledger-0", "put", "ledger/balance", "42")
+			written := put(ctx, t, cfg, kvc, "ledger-0", "ledger/balance", "42")
+			// The backup of the minute may have taken its snapshot before the write: wait for one
+			// that holds it.
 			err := wait.For(conditions.New(cfg.Client().Resources()).ResourceMatch(kvc, func(o k8s.Object) bool {
 				lb := o.(*kvv1.KVCluster).Status.LastBackup
-				return lb != nil && lb.Succeeded && o.(*kvv1.KVCluster).Status.LastBackupTime != nil
+				return lb != nil && lb.Succeeded && lb.Revision >= written && o.(*kvv1.KVCluster).Status.LastBackupTime != nil
 			}), wait.WithTimeout(3*time.Minute), wait.WithInterval(2*time.Second))
 			got := get(ctx, t, cfg, kvc)
 			if err != nil {
