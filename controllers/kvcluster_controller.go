@@ -215,12 +215,13 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
-// its spec (generation) or annotations change — not on our own status writes; owned objects
-// trigger one on any change, so drift is put back, except the StatefulSet's counts of pods
-// (statefulSetChanged) and the PodDisruptionBudget's status (ownedPartChanged). A member pod triggers one when what the operator reads from it changes
-// (memberPodChanged), so a member turning Ready is noticed at once, not when the StatefulSet
-// controller next writes its status, and ahead of other queued work (memberChangePriority). A deletion guard (owned by no one) triggers one for its
-// cluster, so a guard left behind is removed.
+// its spec (generation) or annotations change — not on our own status writes; owned objects trigger
+// one on any change, so drift is put back, except the StatefulSet's counts of pods
+// (statefulSetChanged) and the PodDisruptionBudget's status (ownedPartChanged). A member pod
+// triggers one when what the operator reads from it changes (memberPodChanged), so a member turning
+// Ready is noticed at once, not when the StatefulSet controller next writes its status, and ahead
+// of other queued work (memberChangePriority). A deletion guard (owned by no one) triggers one for
+// its cluster, so a guard left behind is removed.
 func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := registerClusterIndex(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err

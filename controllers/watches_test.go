@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -148,7 +150,8 @@ func TestMemberPodCluster(t *testing.T) {
 }
 
 // TestAMemberChangeGoesFirst: a cluster whose member pod changed is taken from the work queue
-// before the work queued ahead of it, except for the pods the operator lists as it starts.
+// before the work queued ahead of it, at memberChangePriority; one whose pods the operator lists as
+// it starts, at the initial list's low priority.
 func TestAMemberChangeGoesFirst(t *testing.T) {
 	member := func(cluster string) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: cluster + "-0",
@@ -158,28 +161,34 @@ func TestAMemberChangeGoesFirst(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		event func(q workqueue.TypedRateLimitingInterface[reconcile.Request])
-		want  string // the cluster taken first from the queue
+		want  string // the clusters as taken from the queue, with their priorities
 	}{
 		{"a member pod made", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			memberPodEvents.Create(ctx, event.CreateEvent{Object: member("changed")}, q)
-		}, "changed"},
+		}, "changed@1 earlier@0"},
 		{"a member pod changed", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			memberPodEvents.Update(ctx, event.UpdateEvent{ObjectOld: member("changed"), ObjectNew: member("changed")}, q)
-		}, "changed"},
+		}, "changed@1 earlier@0"},
 		{"a member pod gone", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			memberPodEvents.Delete(ctx, event.DeleteEvent{Object: member("changed")}, q)
-		}, "changed"},
+		}, "changed@1 earlier@0"},
 		{"a member pod listed as the operator starts", func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			memberPodEvents.Create(ctx, event.CreateEvent{Object: member("changed"), IsInInitialList: true}, q)
-		}, "earlier"},
+		}, fmt.Sprintf("earlier@0 changed@%d", handler.LowPriority)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q := priorityqueue.New[reconcile.Request]("test")
 			defer q.ShutDown()
 			q.Add(reconcile.Request{NamespacedName: client.ObjectKey{Namespace: "ns", Name: "earlier"}}) // a new cluster, say
 			tc.event(q)
-			if first, _, _ := q.GetWithPriority(); first.Name != tc.want {
-				t.Errorf("%s taken first, want %s", first.Name, tc.want)
+			var taken []string
+			for range 2 {
+				req, priority, _ := q.GetWithPriority()
+				taken = append(taken, fmt.Sprintf("%s@%d", req.Name, priority))
+				q.Done(req)
+			}
+			if got := strings.Join(taken, " "); got != tc.want {
+				t.Errorf("taken %s, want %s", got, tc.want)
 			}
 		})
 	}

@@ -60,11 +60,14 @@ func creating(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) v
 
 // creatingPoll is when a Creating cluster is looked at again. While no member's etcd runs (and none
 // answered) there is nothing to ask, and what changes that (a pod made, its etcd container started,
-// a pod Ready) wakes the cluster as a pod event: the poll is for what no watch sees (a leftover
-// claim deleted, a Secret or ServiceAccount the spec names created) and for the progress deadline,
-// which it never passes by. A thousand clusters created at once took minutes to get their pods
-// scheduled: a poll of each every 5 s meanwhile is about the 51.6 reconciles per cluster the fleet
-// benchmark counted at N=1000.
+// a pod Ready) wakes the cluster as a pod event. The poll is left the progress deadline, which it
+// never passes by, and what no watch sees while the cluster is Creating: a ServiceAccount or
+// PriorityClass spec.pods names being created (the pods then made wake it anyway; until then the
+// condition may name it as missing for up to 30 s). (Leftover claims, someone else's objects and
+// unusable TLS Secrets make the cluster Failed, polled every 30 s as before.) A thousand clusters
+// created at once took minutes to get their pods scheduled; a poll of each every 5 s meanwhile
+// would make about the 51.6 reconciles per cluster the fleet benchmark counted at N=1000 (an
+// estimate from the poll interval: not yet measured again at N=1000).
 func creatingPoll(kvc *kvv1.KVCluster, obs Observation, now time.Time) time.Duration {
 	if obs.Cluster != nil || obs.memberRuns() {
 		return pollWhileProgressing

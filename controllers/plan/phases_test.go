@@ -203,7 +203,6 @@ func TestDecideFailedLeavesOnSpecChange(t *testing.T) {
 	}
 }
 
-// An idle reconcile must compute exactly the status it started from, or it would write every time.
 // A Creating cluster with no member's etcd running is polled rarely (pod events wake it), yet never
 // later than its progress deadline; once a member runs, often.
 func TestCreatingLooksAgain(t *testing.T) {
@@ -234,6 +233,7 @@ func TestCreatingLooksAgain(t *testing.T) {
 	}
 }
 
+// An idle reconcile must compute exactly the status it started from, or it would write every time.
 func TestDecideIsStableWhenNothingChanges(t *testing.T) {
 	for _, obs := range []Observation{
 		{ReadyMembers: 3, Cluster: etcdOf(3, "3.7.3", nil)},
