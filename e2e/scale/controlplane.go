@@ -65,6 +65,9 @@ func startControlPlane(ctx context.Context, t tools, work string) (_ *controlPla
 		// Every cluster has a client Service with a cluster IP: kube-apiserver's default range, a
 		// /24, runs out at about 250 clusters.
 		"componentsPatches:\n- name: kube-apiserver\n  extraArgs:\n  - key: service-cluster-ip-range\n    value: 10.96.0.0/16\n" +
+		// The audit log is rotated at 100 MB by default, which a run of 1,000 clusters passes: the
+		// requests are counted from one file, so it must stay one (a run writes a few hundred MB).
+		"  - key: audit-log-maxsize\n    value: \"100000\"\n" +
 		// Given a KwokConfiguration, kwok takes no defaults for what it leaves out.
 		"---\napiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n  podPlayStageParallelism: 32\n" +
 		"  nodePlayStageParallelism: 4\n  nodeLeaseParallelism: 4\n  podsOnNodeSyncParallelism: 1\n"
@@ -104,8 +107,14 @@ func startControlPlane(ctx context.Context, t tools, work string) (_ *controlPla
 	return cp, nil
 }
 
-func (cp *controlPlane) auditLog() string {
-	return filepath.Join(cp.work, "kwok", "clusters", clusterName, "logs", "audit.log")
+// auditLog is the API server's audit log; an error if it was rotated, since the requests counted
+// from it would then miss the rotated part.
+func (cp *controlPlane) auditLog() (string, error) {
+	logs := filepath.Join(cp.work, "kwok", "clusters", clusterName, "logs")
+	if rotated, _ := filepath.Glob(filepath.Join(logs, "audit-*.log")); len(rotated) > 0 {
+		return "", fmt.Errorf("the API server rotated its audit log (%s): requests cannot be counted", filepath.Base(rotated[0]))
+	}
+	return filepath.Join(logs, "audit.log"), nil
 }
 
 // install adds the node, the StorageClass and its provisioner, and the KVCluster CRD.

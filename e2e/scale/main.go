@@ -485,8 +485,11 @@ func (b *bench) currentlyReady(c types.NamespacedName) bool {
 func (b *bench) measure(s *scenario, from, to time.Time) error {
 	s.window = to.Sub(from)
 	s.use = b.op.usage(from, to)
-	var err error
-	s.requests, err = operatorRequests(b.cp.auditLog(), from, to)
+	audit, err := b.cp.auditLog()
+	if err != nil {
+		return err
+	}
+	s.requests, err = operatorRequests(audit, from, to)
 	return err
 }
 
