@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,7 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -19,8 +22,9 @@ import (
 
 // TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares: the manager's cache keeps no
 // managed fields of Pods, claims and Jobs, which the operator never compares with what it owns
-// (they are much of a Pod's size, times three per cluster), and keeps those of the objects it
-// applies whole, which it does compare: without them every look at an idle cluster would write.
+// (they are much of a Pod's size, times three per cluster), and keeps its own of the objects it
+// applies whole, which it does compare (without them every look at an idle cluster would write),
+// and no one else's.
 // (labelScoped, the other envtests' cache, drops the same, so their idle-write checks would catch
 // a kind wrongly added to notComparedKinds.)
 func TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares(t *testing.T) {
@@ -52,6 +56,13 @@ func TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares(t *testing.T)
 			t.Fatalf("the API server keeps no managed fields of %T", o)
 		}
 	}
+	// The operator applies its part of them; the admin's (another manager's) stays beside it.
+	for _, ac := range []runtime.ApplyConfiguration{corev1ac.ConfigMap(owned.Name, ns.Name).WithData(map[string]string{"members": "c-0"}),
+		corev1ac.Service(owned.Name, ns.Name).WithSpec(corev1ac.ServiceSpec().WithPorts(corev1ac.ServicePort().WithName("client").WithPort(2379)))} {
+		if err := admin.Apply(ctx, ac, client.FieldOwner(specs.FieldManager)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	opts := CacheOptions()
 	opts.Scheme = scheme
 	cached, err := cache.New(operatorConfig, opts)
@@ -74,8 +85,16 @@ func TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares(t *testing.T)
 		}
 	}
 	for _, o := range applied {
-		if len(get(o).GetManagedFields()) == 0 {
-			t.Errorf("the cache keeps no managed fields of %T, which the operator compares with what it owns", o)
+		// The cache may hold the object as created, before the operator's apply: wait for both.
+		var kept []metav1.ManagedFieldsEntry
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			kept = get(o).GetManagedFields()
+			return slices.ContainsFunc(kept, func(e metav1.ManagedFieldsEntry) bool { return e.Manager == specs.FieldManager }), nil
+		}); err != nil {
+			t.Errorf("the cache keeps no managed fields of the operator's of %T, which it compares with what it owns: %v", o, kept)
+		}
+		if slices.ContainsFunc(kept, notOurs) {
+			t.Errorf("the cache keeps another manager's managed fields of %T, which nothing reads: %v", o, kept)
 		}
 	}
 }

@@ -2,15 +2,19 @@ package controllers
 
 import (
 	"encoding/json"
+	"reflect"
 	"runtime"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
@@ -90,10 +94,91 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 			}
 		})
 	}
+	now := metav1.Now()
+	claim := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "data-kv-1", Namespace: "ns", UID: "claim-uid", CreationTimestamp: now,
+			Labels:      map[string]string{specs.ClusterLabel: "kv", specs.ClusterUIDLabel: "cluster-uid"},
+			Annotations: map[string]string{"pv.kubernetes.io/bind-completed": "yes", "volume.kubernetes.io/selected-node": "node-1"},
+			Finalizers:  []string{"kubernetes.io/pvc-protection"}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: new("fast"),
+			VolumeName: "pvc-0123", VolumeMode: new(corev1.PersistentVolumeFilesystem),
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")}}},
+		Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Capacity:           corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AllocatedResources: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")},
+			Conditions:         []corev1.PersistentVolumeClaimCondition{{Type: corev1.PersistentVolumeClaimFileSystemResizePending, Status: corev1.ConditionTrue, LastTransitionTime: now}}},
+	}
+	before := claim.DeepCopy()
+	after := cachedForm(claim).(*corev1.PersistentVolumeClaim)
+	got, want := claimObserved(after), claimObserved(before)
+	if !got.ResizePendingSince.Equal(want.ResizePendingSince) || want.ResizePendingSince.IsZero() {
+		t.Errorf("claim's resize pending since %v, want %v", got.ResizePendingSince, want.ResizePendingSince)
+	}
+	got.ResizePendingSince, want.ResizePendingSince = time.Time{}, time.Time{}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("claim observed = %+v, want %+v", got, want)
+	}
+	if !equality.Semantic.DeepEqual(after.ObjectMeta, before.ObjectMeta) {
+		t.Errorf("claim metadata = %+v, want %+v (plan.ClaimBelongs reads it)", after.ObjectMeta, before.ObjectMeta)
+	}
+	if after.Spec.VolumeName != "" || after.Spec.AccessModes != nil || after.Status.AllocatedResources != nil {
+		t.Errorf("kept what the operator never reads of a claim: %+v", after)
+	}
+	if again := cachedForm(after.DeepCopy()); !equality.Semantic.DeepEqual(again, after) {
+		t.Errorf("cached form of the cached claim = %+v, want %+v", again, after)
+	}
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "kv-backup", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}},
 		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Env: []corev1.EnvVar{{Name: "A"}}}}}}}}
 	if got := cachedForm(job.DeepCopy()).(*batchv1.Job); got.ManagedFields != nil || len(got.Spec.Template.Spec.Containers[0].Env) != 1 {
 		t.Errorf("cached Job = %+v, want it whole but its managed fields", got)
+	}
+}
+
+// TestOwnManagedFields: of the objects the operator compares with what it owns, the cache keeps
+// its own managed fields (what Extract reads: the same intent comes out) and no one else's.
+func TestOwnManagedFields(t *testing.T) {
+	ours := metav1.ManagedFieldsEntry{Manager: specs.FieldManager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{"f:members":{}},"f:metadata":{"f:labels":{"f:app":{}}}}`)}}
+	ourStatus := ours
+	ourStatus.Subresource = "status"
+	theirs := metav1.ManagedFieldsEntry{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{"f:other":{}}}`)}}
+	for _, tc := range []struct {
+		name   string
+		fields []metav1.ManagedFieldsEntry
+		want   []metav1.ManagedFieldsEntry
+	}{
+		{"ours alone", []metav1.ManagedFieldsEntry{ours}, []metav1.ManagedFieldsEntry{ours}},
+		{"ours beside another manager's", []metav1.ManagedFieldsEntry{theirs, ours, theirs}, []metav1.ManagedFieldsEntry{ours}},
+		{"ours on the object and its status", []metav1.ManagedFieldsEntry{ours, theirs, ourStatus}, []metav1.ManagedFieldsEntry{ours, ourStatus}},
+		{"another manager's alone", []metav1.ManagedFieldsEntry{theirs}, nil},
+		{"none", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kv-members", Namespace: "ns", Labels: map[string]string{"app": "kv"}, ManagedFields: tc.fields},
+				Data: map[string]string{"members": "kv-0", "other": "x"}}
+			before := cm.DeepCopy()
+			after := ownManagedFields(cm).(*corev1.ConfigMap)
+			if !equality.Semantic.DeepEqual(after.ManagedFields, tc.want) {
+				t.Errorf("managed fields = %+v, want %+v", after.ManagedFields, tc.want)
+			}
+			wantAC, err := corev1ac.ExtractConfigMap(before, specs.FieldManager)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotAC, err := corev1ac.ExtractConfigMap(after, specs.FieldManager)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !equality.Semantic.DeepEqual(gotAC, wantAC) {
+				t.Errorf("what the operator owns = %+v, want %+v", gotAC, wantAC)
+			}
+			after.ManagedFields = nil
+			before.ManagedFields = nil
+			if !equality.Semantic.DeepEqual(after, before) {
+				t.Errorf("object = %+v, want %+v", after, before)
+			}
+		})
 	}
 }
 

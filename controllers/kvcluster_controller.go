@@ -14,6 +14,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
@@ -67,8 +69,9 @@ type KVClusterReconciler struct {
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
 // its own), not every Pod, Job or StatefulSet of the Kubernetes cluster. Of Pods, claims and Jobs
 // it keeps no managed fields: the operator compares what it owns (Extract) only of the objects it
-// applies whole (applyOwned), and who manages which field is a large part of a Pod; of Pods, only
-// what the operator reads (cachedForm). Given
+// applies whole (applyOwned), and who manages which field is a large part of a Pod; of Pods and
+// claims, only what the operator reads (cachedForm); of the rest, only its own managed fields
+// (ownManagedFields). Given
 // namespaces, it watches only those (an install whose Roles grant nothing elsewhere); none: all.
 func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeaving(namespaces, nil) }
 
@@ -108,8 +111,33 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 	for _, o := range notComparedKinds() {
 		options.ByObject[o] = trimmed
 	}
+	options.DefaultTransform = func(obj any) (any, error) { return ownManagedFields(obj), nil }
 	return options
 }
+
+// ownManagedFields is what the cache keeps of the kinds the operator compares with what it owns
+// (applyOwned, applyStatus), KVClusters included: of their managed fields, only the operator's
+// own, the only ones Extract reads. The others (the controller manager's of every StatefulSet's
+// status, the disruption controller's of every PodDisruptionBudget's, whoever applied the
+// KVCluster) are read by nothing. It changes obj in place (the informer's own copy).
+func ownManagedFields(obj any) any {
+	o, err := meta.Accessor(obj)
+	if err != nil {
+		return obj
+	}
+	fields := o.GetManagedFields()
+	if !slices.ContainsFunc(fields, notOurs) {
+		return obj
+	}
+	if kept := slices.DeleteFunc(fields, notOurs); len(kept) > 0 {
+		o.SetManagedFields(kept)
+	} else {
+		o.SetManagedFields(nil)
+	}
+	return obj
+}
+
+func notOurs(e metav1.ManagedFieldsEntry) bool { return e.Manager != specs.FieldManager }
 
 // notComparedKinds are the kinds the operator never compares with what it owns, so the cache
 // keeps none of their managed fields (cachedForm); it reads them by cluster (clusterIndex), many
@@ -125,10 +153,18 @@ var stripManagedFields = cache.TransformStripManagedFields()
 // flags PodTransport reads; its phase, conditions, and its containers' states and restarts:
 // observePods, memberPodStateOf, TerminationMessage). The rest of a pod's spec (probes,
 // environment, mounts, volumes, tolerations) is most of its size, one pod per member, and the
-// operator reads it from the StatefulSet's template instead. It changes obj in place (the
+// operator reads it from the StatefulSet's template instead. Of a claim, its metadata, its
+// StorageClass, the size asked for and had, its phase and conditions (claimObserved,
+// plan.ClaimBelongs). It changes obj in place (the
 // informer's own copy), and a second pass changes nothing (the informer may make two).
 func cachedForm(obj any) any {
 	obj, _ = stripManagedFields(obj) // never fails
+	if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+		claim.Spec = corev1.PersistentVolumeClaimSpec{StorageClassName: claim.Spec.StorageClassName,
+			Resources: corev1.VolumeResourceRequirements{Requests: claim.Spec.Resources.Requests}}
+		claim.Status = corev1.PersistentVolumeClaimStatus{Phase: claim.Status.Phase, Capacity: claim.Status.Capacity, Conditions: claim.Status.Conditions}
+		return claim
+	}
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj

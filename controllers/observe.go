@@ -189,14 +189,7 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 			continue
 		}
 		if ord, ok := specs.OrdinalOfClaim(kvc, c.Name); ok {
-			claim := plan.Claim{Name: c.Name, UID: c.UID, Bound: c.Status.Phase == corev1.ClaimBound, Class: ptr.Deref(c.Spec.StorageClassName, ""),
-				Requested: c.Spec.Resources.Requests[corev1.ResourceStorage], Capacity: c.Status.Capacity[corev1.ResourceStorage]}
-			for _, cond := range c.Status.Conditions {
-				if cond.Type == corev1.PersistentVolumeClaimFileSystemResizePending && cond.Status == corev1.ConditionTrue {
-					claim.ResizePendingSince = cond.LastTransitionTime.Time
-				}
-			}
-			obs.Claims[ord] = claim
+			obs.Claims[ord] = claimObserved(&c)
 		}
 	}
 	var pods corev1.PodList
@@ -458,6 +451,18 @@ func (r *KVClusterReconciler) foreignChildren(ctx context.Context, kvc *kvv1.KVC
 		}
 	}
 	return foreign, stsForeign, nil
+}
+
+// claimObserved is what observe reads of a member's data claim (cachedForm keeps it).
+func claimObserved(c *corev1.PersistentVolumeClaim) plan.Claim {
+	claim := plan.Claim{Name: c.Name, UID: c.UID, Bound: c.Status.Phase == corev1.ClaimBound, Class: ptr.Deref(c.Spec.StorageClassName, ""),
+		Requested: c.Spec.Resources.Requests[corev1.ResourceStorage], Capacity: c.Status.Capacity[corev1.ResourceStorage]}
+	for _, cond := range c.Status.Conditions {
+		if cond.Type == corev1.PersistentVolumeClaimFileSystemResizePending && cond.Status == corev1.ConditionTrue {
+			claim.ResizePendingSince = cond.LastTransitionTime.Time
+		}
+	}
+	return claim
 }
 
 // leftoverClaims lists the data claims, among those of every member the cluster has or may get,
