@@ -102,6 +102,7 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	if applyErr != nil { // retried with backoff, which a requeue time would only contradict
 		return ctrl.Result{Priority: &priority}, applyErr
 	}
+	etcd.NotNeededFor(p.Endpoints, requeue) // an event may wake the cluster sooner: it dials again
 	return ctrl.Result{RequeueAfter: requeue, Priority: &priority}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -223,10 +224,17 @@ func TestKVClusterGoesFromCreatingToReady(t *testing.T) {
 
 	h.setMembersReady(kvc, 3)
 	h.members.set(memberstest.Healthy(kvc, 3, "3.7.3"), nil)
-	h.reconcile(kvc)
+	res = h.reconcile(kvc)
 	got = h.fresh(kvc)
 	if got.Status.Phase != kvv1.PhaseReady || got.Status.ReadyPartitions != 3 || got.Status.CurrentVersion != "3.7.3" {
 		t.Fatalf("status = %+v, want Ready 3/3 on 3.7.3", got.Status)
+	}
+	// Its members' connections are let go until its next look, a minute away.
+	h.members.mu.Lock()
+	notNeeded, notNeededFor := h.members.notNeeded, h.members.notNeededFor
+	h.members.mu.Unlock()
+	if want := (plan.Observation{}).ClientURLs(got); !slices.Equal(notNeeded, want) || notNeededFor != res.RequeueAfter || res.RequeueAfter < time.Minute {
+		t.Errorf("members not needed: %v for %v (next look in %v), want %v for a minute or more", notNeeded, notNeededFor, res.RequeueAfter, want)
 	}
 	if !meta.IsStatusConditionTrue(got.Status.Conditions, kvv1.ConditionReady) {
 		t.Errorf("Ready condition = %+v", meta.FindStatusCondition(got.Status.Conditions, kvv1.ConditionReady))

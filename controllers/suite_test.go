@@ -237,6 +237,9 @@ type fakeMembers struct {
 	// askedAt are the endpoints the last Cluster query went through; statusOf the members urlOf
 	// would have sent a status request to.
 	askedAt, statusOf []string
+	// notNeeded are the endpoints the last reconcile said would not be asked again for notNeededFor.
+	notNeeded    []string
+	notNeededFor time.Duration
 }
 
 func (f *fakeMembers) record(format string, args ...any) {
@@ -264,6 +267,12 @@ func (f *fakeMembers) member(id uint64) *members.Member {
 		}
 	}
 	return nil
+}
+
+func (f *fakeMembers) NotNeededFor(endpoints []string, next time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.notNeeded, f.notNeededFor = endpoints, next
 }
 
 func (f *fakeMembers) MoveLeader(_ context.Context, leaderEndpoint string, to uint64) error {

@@ -115,6 +115,9 @@ type Client interface {
 	// is never dialled: what a member's image advertises must not decide where the operator
 	// connects.
 	Cluster(ctx context.Context, endpoints []string, urlOf func(Member) (string, bool)) (Cluster, error)
+	// NotNeededFor says the members at endpoints will not be asked again for next (the cluster's
+	// next look): connections kept open for a request soon after may be closed now.
+	NotNeededFor(endpoints []string, next time.Duration)
 	// MoveLeader asks the leader, at leaderEndpoint, to hand leadership to the member to.
 	MoveLeader(ctx context.Context, leaderEndpoint string, to uint64) error
 	// AddLearner adds a non-voting member with the given peer URL and returns its ID.
@@ -376,6 +379,14 @@ func (e EtcdClient) connect(ctx context.Context, endpoints []string) (*clientv3.
 	// A pooled client outlives the request: its own context, never the request's (the client
 	// connects when first asked; each request's context bounds it).
 	return e.Pool.acquire(endpoints, e.TLS, func() (*clientv3.Client, error) { return dial(context.Background()) })
+}
+
+// NotNeededFor closes the pooled clients of the members at endpoints now, rather than after the
+// pool's idle time, when next is longer.
+func (e EtcdClient) NotNeededFor(endpoints []string, next time.Duration) {
+	if e.Pool != nil {
+		e.Pool.notNeededFor(endpoints, e.TLS, next)
+	}
 }
 
 // do runs one request against the cluster, bounded by the timeout.

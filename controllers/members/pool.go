@@ -162,6 +162,31 @@ func (p *Pool) releaser(key poolKey, c *pooled) func(error) {
 	}
 }
 
+// notNeededFor closes now the unused clients of the members at endpoints (with config) when they
+// will not be asked again for next, longer than the idle time: a healthy cluster looked at once a
+// minute would otherwise hold its members' connections for the idle time of each minute, unused,
+// and at a thousand clusters keep the pool at its bound (and every release scanning it). Clients
+// in use are left to their users.
+func (p *Pool) notNeededFor(endpoints []string, config *tls.Config, next time.Duration) {
+	if next <= p.idle {
+		return
+	}
+	var closing []*clientv3.Client
+	defer func() {
+		for _, cli := range closing {
+			closeClient(cli)
+		}
+	}()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, endpoint := range endpoints {
+		key := keyOf([]string{endpoint}, config)
+		if c, ok := p.clients[key]; ok && c.users == 0 {
+			closing = append(closing, p.drop(key, c))
+		}
+	}
+}
+
 // dropLongestUnused drops the client unused for longest and returns it to be closed; with p.mu
 // held. A scan: the pool holds at most maxUnused clients and those in use.
 func (p *Pool) dropLongestUnused() *clientv3.Client {

@@ -193,6 +193,64 @@ func TestThePoolKeepsAtMostMaxUnusedClients(t *testing.T) {
 	}
 }
 
+// The unused clients of a cluster's members close at once when the cluster will not be asked
+// again for longer than the idle time (a healthy cluster's next look, a minute away); they stay
+// when it will be asked sooner, and clients in use or of other members stay.
+func TestClientsNotNeededForLongerThanTheIdleTimeCloseAtOnce(t *testing.T) {
+	now := time.Now()
+	ca, err := certs.NewCA("ca", now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(certs.Client, []string{"operator"}, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		config *tls.Config
+	}{{"plaintext", nil}, {"TLS", clientConfig(t, ca, leaf)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := NewPool(10*time.Second, 10)
+			acquire := func(member string) (*clientv3.Client, func(error)) {
+				t.Helper()
+				cli, release, err := pool.acquire([]string{member}, tc.config, func() (*clientv3.Client, error) { return idleClient(t) })
+				if err != nil {
+					t.Fatal(err)
+				}
+				return cli, release
+			}
+			asked, releaseAsked := acquire("https://kv-0:2379")
+			releaseAsked(nil)
+			inUse, releaseInUse := acquire("https://kv-1:2379")
+			other, releaseOther := acquire("https://other-0:2379")
+			releaseOther(nil)
+			cluster := []string{"https://kv-0:2379", "https://kv-1:2379", "https://kv-2:2379"}
+
+			pool.notNeededFor(cluster, tc.config, 5*time.Second)
+			if closed(asked) || pool.Len() != 3 {
+				t.Fatalf("asked again within the idle time: closed %v, %d clients in the pool; want open, 3", closed(asked), pool.Len())
+			}
+			pool.notNeededFor(cluster, tc.config, time.Minute)
+			if !closed(asked) || closed(inUse) || closed(other) || pool.Len() != 2 {
+				t.Errorf("not asked for a minute: closed %v, in use closed %v, another member's closed %v, %d clients in the pool; want only the unused one of the cluster closed, 2 left",
+					closed(asked), closed(inUse), closed(other), pool.Len())
+			}
+			if again, release := acquire("https://kv-0:2379"); again == asked {
+				t.Error("a closed client was handed out again")
+			} else {
+				release(nil)
+			}
+			releaseInUse(nil)
+			if again, release := acquire("https://kv-1:2379"); again != inUse {
+				t.Error("the client in use then was not kept")
+			} else {
+				release(nil)
+			}
+		})
+	}
+}
+
 // A client whose connection is failing is not handed out again: gRPC would hold its requests
 // through its reconnection backoff, which grows to minutes.
 func TestAPooledClientWithAFailingConnectionIsNotHandedOut(t *testing.T) {
