@@ -119,7 +119,9 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 // (applyOwned, applyStatus), KVClusters included: of their managed fields, only the operator's
 // own, the only ones Extract reads. The others (the controller manager's of every StatefulSet's
 // status, the disruption controller's of every PodDisruptionBudget's, whoever applied the
-// KVCluster) are read by nothing. It changes obj in place (the informer's own copy).
+// KVCluster) are read by nothing. It changes obj in place (the informer's own copy). A cached
+// object is therefore never written back whole (Update): the API server would take its managed
+// fields for the whole list and drop everyone else's. The operator only applies.
 func ownManagedFields(obj any) any {
 	o, err := meta.Accessor(obj)
 	if err != nil {

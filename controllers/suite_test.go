@@ -469,7 +469,8 @@ func newHarnessAs(t *testing.T, asOperator *rest.Config) *harness {
 }
 
 // labelScoped reads like the manager's cache (CacheOptions): of the kinds the operator owns, it
-// sees only the objects labelled as the operator's, and of some kinds no managed fields.
+// sees only the objects labelled as the operator's; of some kinds no managed fields, of the
+// others (KVClusters too) only the operator's own.
 func labelScoped(c client.WithWatch) client.WithWatch {
 	visible := func(obj client.Object) bool {
 		if _, isKVC := obj.(*kvv1.KVCluster); isKVC {
@@ -480,6 +481,8 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 	asCached := func(obj client.Object) {
 		if slices.ContainsFunc(notComparedKinds(), func(k client.Object) bool { return reflect.TypeOf(k) == reflect.TypeOf(obj) }) {
 			cachedForm(obj)
+		} else {
+			ownManagedFields(obj)
 		}
 	}
 	return interceptor.NewClient(c, interceptor.Funcs{
@@ -498,7 +501,10 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 			if err := c.List(ctx, list, indexedAsLabels(opts)...); err != nil {
 				return err
 			}
-			if _, isKVC := list.(*kvv1.KVClusterList); isKVC {
+			if clusters, isKVC := list.(*kvv1.KVClusterList); isKVC {
+				for i := range clusters.Items {
+					asCached(&clusters.Items[i])
+				}
 				return nil
 			}
 			items, err := meta.ExtractList(list)
