@@ -154,7 +154,7 @@ bench: ## memory and speed of streaming backups into each store (B/op must not g
 # The fleet benchmark's sizes; it rewrites e2e/scale/BENCHMARKS.md.
 # 1,000 clusters take about 9 minutes to create on a 2-core machine (see README).
 BENCH_SCALE_N ?= 10,100
-# More flags of the benchmark (go run ./e2e/scale -h), e.g. -wait-per-cluster=1.5s for 1,000 clusters.
+# More flags of the benchmark (go run ./e2e/scale -h), e.g. "-wait-per-cluster=1.5s -upgrade-wait-per-cluster=1s" for 1,000 clusters.
 BENCH_SCALE_FLAGS ?=
 BENCH_SCALE = $(BUILD_TOOLS) kubernetes etcd-$(ETCD_VERSION) kwok && \
 	KVC_KWOK="$$($(BUILD_TOOLS) --print-dir kwok)" KVC_KUBERNETES="$$($(BUILD_TOOLS) --print-dir kubernetes)" \
