@@ -90,3 +90,25 @@ workqueue_depth{controller="other",name="other",priority="0"} 7
 		t.Errorf("queue depth %v, want 10 (5 + 3 + 2 of the kvcluster queue)", s.queueDepth)
 	}
 }
+
+// A rotated audit log fails the count instead of counting only the requests of its last file
+// (a N=1000 run's upgrade once reported a third of its requests so).
+func TestARotatedAuditLogIsNotCounted(t *testing.T) {
+	cp := &controlPlane{work: t.TempDir()}
+	logs := filepath.Join(cp.work, "kwok", "clusters", clusterName, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(logs, "audit.log"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cp.auditLog(); err != nil || got != filepath.Join(logs, "audit.log") {
+		t.Fatalf("one audit log: %q, %v; want it, no error", got, err)
+	}
+	if err := os.WriteFile(filepath.Join(logs, "audit-2026-12-05T01-45-12.345.log"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cp.auditLog(); err == nil {
+		t.Errorf("rotated audit log: %q, no error; want an error", got)
+	}
+}
