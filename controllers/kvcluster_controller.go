@@ -157,8 +157,8 @@ var stripManagedFields = cache.TransformStripManagedFields()
 // environment, mounts, volumes, tolerations) is most of its size, one pod per member, and the
 // operator reads it from the StatefulSet's template instead. Of a claim, its metadata, its
 // StorageClass, the size asked for and had, its phase and conditions (claimObserved,
-// plan.ClaimBelongs). It changes obj in place (the
-// informer's own copy), and a second pass changes nothing (the informer may make two).
+// plan.ClaimBelongs). It changes obj in place (the informer's own copy), and a second pass
+// changes nothing (the informer may make two).
 func cachedForm(obj any) any {
 	obj, _ = stripManagedFields(obj) // never fails
 	if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
