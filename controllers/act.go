@@ -11,15 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
-	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -84,7 +79,7 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	if err := r.backupJobs(ctx, kvc, p.Backups); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := applyStatus(ctx, r.Client, &r.held, kvc, p.Status); err != nil {
+	if err := applyStatus(ctx, r.Client, &r.heldStatuses, kvc, p.Status); err != nil {
 		return ctrl.Result{}, err
 	}
 	if p.Status.Phase != kvc.Status.Phase {
@@ -181,23 +176,22 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 	if err := r.applyTLS(ctx, kvc, tls, guard, now); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard), corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.PeerServiceName(kvc)), &corev1.Service{}, specs.PeerService(kvc, guard)); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{}), corev1ac.ExtractService); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.ClientServiceName(kvc)), &corev1.Service{}, specs.ClientService(kvc, time.Time{})); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, ch.DisruptionBase),
-		policyv1ac.ExtractPodDisruptionBudget); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &policyv1.PodDisruptionBudget{}, specs.PodDisruptionBudget(kvc, ch.DisruptionBase)); err != nil {
 		return err
 	}
-	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
-		specs.MembershipConfigMap(kvc, ch.Membership, guard), corev1ac.ExtractConfigMap); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(specs.MembershipConfigMapName(kvc)), &corev1.ConfigMap{},
+		specs.MembershipConfigMap(kvc, ch.Membership, guard)); err != nil {
 		return err
 	}
 	set := ch.Set
 	set.Guard = guard
-	if err := applyOwned(ctx, r.Client, &r.held, kvc, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set), appsv1ac.ExtractStatefulSet); err != nil {
+	if err := applyOwned(ctx, r.Client, kvc, key(kvc.Name), &appsv1.StatefulSet{}, specs.StatefulSet(kvc, set)); err != nil {
 		return err
 	}
 	// After the members: a policy the API server refuses (a selector it finds invalid) is
@@ -217,8 +211,7 @@ func (r *KVClusterReconciler) applyChildren(ctx context.Context, kvc *kvv1.KVClu
 func (r *KVClusterReconciler) applyNetworkPolicy(ctx context.Context, kvc *kvv1.KVCluster, guard types.UID) error {
 	key := client.ObjectKey{Namespace: kvc.Namespace, Name: specs.NetworkPolicyName(kvc)}
 	if specs.WantsNetworkPolicy(kvc) {
-		return applyOwned(ctx, r.Client, &r.held, kvc, key, &networkingv1.NetworkPolicy{}, specs.NetworkPolicy(kvc, r.Operator, guard),
-			networkingv1ac.ExtractNetworkPolicy)
+		return applyOwned(ctx, r.Client, kvc, key, &networkingv1.NetworkPolicy{}, specs.NetworkPolicy(kvc, r.Operator, guard))
 	}
 	var np networkingv1.NetworkPolicy
 	switch err := r.Client.Get(ctx, key, &np); {
@@ -302,8 +295,8 @@ func (r *KVClusterReconciler) applyTLS(ctx context.Context, kvc *kvv1.KVCluster,
 			data = map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, specs.CACertKey: trust}
 		}
 		name := specs.TLSSecretName(kvc, part.Part)
-		if err := applyOwned(ctx, r.Client, &r.held, kvc, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &corev1.Secret{},
-			specs.TLSSecret(kvc, part.Part, data, guard), corev1ac.ExtractSecret); err != nil {
+		if err := applyOwned(ctx, r.Client, kvc, client.ObjectKey{Namespace: kvc.Namespace, Name: name}, &corev1.Secret{},
+			specs.TLSSecret(kvc, part.Part, data, guard)); err != nil {
 			return err
 		}
 		switch {
@@ -327,7 +320,7 @@ func (r *KVClusterReconciler) applyGuard(ctx context.Context, kvc *kvv1.KVCluste
 	key := client.ObjectKey{Namespace: kvc.Namespace, Name: specs.GuardName(kvc)}
 	switch err := r.Client.Get(ctx, key, &guard); {
 	case err == nil:
-		if owned, err := corev1ac.ExtractConfigMap(&guard, specs.FieldManager); err == nil && equality.Semantic.DeepEqual(owned, specs.Guard(kvc)) {
+		if holdsIntent(&guard, specs.Guard(kvc)) {
 			return guard.UID, nil
 		}
 	case !apierrors.IsNotFound(err):

@@ -3,14 +3,24 @@ package controllers
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sync"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1ac "github.com/kvcluster/kvcluster-operator/apis/applyconfiguration/apis/v1alpha1"
@@ -20,22 +30,16 @@ import (
 
 // applyOwned writes the full desired object with server-side apply as the operator's field manager,
 // forcing ownership of every field it sets. It first reads the object (key) from the cache into
-// current: when that already carries exactly this intent under our manager, nothing is sent, so an
-// idle reconcile makes no write request, while an edit by anyone else changes what we own (or
-// takes it over) and is put back. extract is the generated Extract<Kind> of the object's apply
-// configuration package; held spares it when this version of the object was already found to
-// hold this intent. current is left empty when the object did not exist.
-func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Context, c client.Client, held *heldIntents, kvc *kvv1.KVCluster,
-	key client.ObjectKey, current O, desired AC, extract func(O, string) (AC, error)) error {
+// current: when that already carries exactly this intent under our manager (holdsIntent), nothing
+// is sent, so an idle reconcile makes no write request, while an edit by anyone else changes what
+// we own (or takes it over) and is put back. current is left empty when the object did not exist.
+func applyOwned(ctx context.Context, c client.Client, kvc *kvv1.KVCluster, key client.ObjectKey, current client.Object, desired runtime.ApplyConfiguration) error {
 	switch err := c.Get(ctx, key, current); {
 	case err == nil:
 		if !controlledBy(current, kvc) { // never taken over: see foreignChildren
 			return &notOwnedError{what: fmt.Sprintf("%T %s (%s)", current, key, ownerOf(current))}
 		}
-		if held.holds(kvc, current, fmt.Sprintf("%T", current), desired, func() bool {
-			owned, err := extract(current, specs.FieldManager)
-			return err == nil && equality.Semantic.DeepEqual(owned, desired)
-		}) {
+		if holdsIntent(current, desired) {
 			return nil
 		}
 	case !apierrors.IsNotFound(err):
@@ -47,6 +51,124 @@ func applyOwned[O client.Object, AC runtime.ApplyConfiguration](ctx context.Cont
 	return nil
 }
 
+// intentAnnotation is where the cache keeps, of an object the operator applies, the digest of
+// what the operator's field manager owns in it (cachedIntent), in place of its managed fields. It
+// exists only in the cache: the operator never writes a cached object back, it applies what it
+// builds.
+const intentAnnotation = "kvcluster.io/cached-owned-intent-sha256"
+
+// ownedIntent is what the operator's field manager owns in obj (the generated Extract of its
+// kind), of the kinds applyOwned and applyGuard apply.
+func ownedIntent(obj client.Object) (any, error) {
+	switch o := obj.(type) {
+	case *appsv1.StatefulSet:
+		return appsv1ac.ExtractStatefulSet(o, specs.FieldManager)
+	case *corev1.Service:
+		return corev1ac.ExtractService(o, specs.FieldManager)
+	case *policyv1.PodDisruptionBudget:
+		return policyv1ac.ExtractPodDisruptionBudget(o, specs.FieldManager)
+	case *networkingv1.NetworkPolicy:
+		return networkingv1ac.ExtractNetworkPolicy(o, specs.FieldManager)
+	case *corev1.ConfigMap:
+		return corev1ac.ExtractConfigMap(o, specs.FieldManager)
+	case *corev1.Secret:
+		return corev1ac.ExtractSecret(o, specs.FieldManager)
+	}
+	return nil, fmt.Errorf("the operator applies no %T", obj)
+}
+
+// intentDigest is the digest of an intent (an apply configuration) in its JSON form: the form it
+// is sent in, where zero values are left out and maps are sorted, so an intent Extract read back
+// and the same intent built by specs have the same digest.
+func intentDigest(intent any) (string, error) {
+	data, err := json.Marshal(intent)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// cachedIntent is what the cache keeps of an object the operator applies: instead of its managed
+// fields (a third of a StatefulSet's size in the cache, even when only the operator's are kept),
+// the digest of the operator's part of them (intentAnnotation), computed once per version of the
+// object, as the informer stores it; and of the rest only what the operator reads (unreadDropped).
+// It changes obj in place (the informer's own copy); an object without managed fields is left as
+// it is, so a second pass changes nothing (the informer may make two).
+func cachedIntent(obj any) any {
+	o, ok := obj.(client.Object)
+	if !ok || len(o.GetManagedFields()) == 0 {
+		return obj
+	}
+	if intent, err := ownedIntent(o); err == nil {
+		if digest, err := intentDigest(intent); err == nil {
+			annotations := o.GetAnnotations()
+			if annotations == nil {
+				annotations = map[string]string{}
+			}
+			annotations[intentAnnotation] = digest
+			o.SetAnnotations(annotations)
+		}
+	}
+	o.SetManagedFields(nil)
+	unreadDropped(o)
+	return o
+}
+
+// unreadDropped drops, of an object the operator applies, what it never reads once the digest of
+// its intent is had: of the StatefulSet, all of its spec but what statefulSetObserved reads (the
+// pod template's probes, environment, mounts, the init containers: most of its size); of Services,
+// PodDisruptionBudgets and NetworkPolicies, all but their metadata (their owners, annotations and
+// deletion are read). ConfigMaps (the membership) and Secrets (the certificates) are read whole.
+func unreadDropped(obj client.Object) {
+	switch o := obj.(type) {
+	case *appsv1.StatefulSet:
+		template := o.Spec.Template
+		spec := appsv1.StatefulSetSpec{Replicas: o.Spec.Replicas}
+		spec.Template.Annotations = template.Annotations
+		for _, c := range template.Spec.Containers {
+			spec.Template.Spec.Containers = append(spec.Template.Spec.Containers, corev1.Container{Name: c.Name, Args: specs.TemplateArgs(c.Args)})
+		}
+		for _, v := range template.Spec.Volumes {
+			if v.Secret != nil {
+				spec.Template.Spec.Volumes = append(spec.Template.Spec.Volumes, corev1.Volume{Name: v.Name,
+					VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: v.Secret.SecretName}}})
+			}
+		}
+		if len(o.Spec.VolumeClaimTemplates) > 0 {
+			claim := o.Spec.VolumeClaimTemplates[0]
+			spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Labels: claim.Labels},
+				Spec: corev1.PersistentVolumeClaimSpec{Resources: corev1.VolumeResourceRequirements{Requests: claim.Spec.Resources.Requests}}}}
+		}
+		o.Spec = spec
+	case *corev1.Service:
+		o.Spec, o.Status = corev1.ServiceSpec{}, corev1.ServiceStatus{}
+	case *policyv1.PodDisruptionBudget:
+		o.Spec, o.Status = policyv1.PodDisruptionBudgetSpec{}, policyv1.PodDisruptionBudgetStatus{}
+	case *networkingv1.NetworkPolicy:
+		o.Spec = networkingv1.NetworkPolicySpec{}
+	}
+}
+
+// holdsIntent reports whether current, as read, holds desired under the operator's field
+// manager: from the digest the cache keeps (cachedIntent), or, of an object read from the API
+// server, from its managed fields. An object the digest cannot be had of does not hold it.
+func holdsIntent(current client.Object, desired any) bool {
+	want, err := intentDigest(desired)
+	if err != nil {
+		return false
+	}
+	if have, cached := current.GetAnnotations()[intentAnnotation]; cached && len(current.GetManagedFields()) == 0 {
+		return have == want
+	}
+	intent, err := ownedIntent(current)
+	if err != nil {
+		return false
+	}
+	have, err := intentDigest(intent)
+	return err == nil && have == want
+}
+
 // notOwnedError: an object the cluster would write exists and is someone else's.
 type notOwnedError struct{ what string }
 
@@ -54,13 +176,13 @@ func (e *notOwnedError) Error() string { return e.what + " is not this KVCluster
 
 // applyStatus writes the whole status with server-side apply on the status subresource, unless the
 // status our manager owns already equals it.
-func applyStatus(ctx context.Context, c client.Client, held *heldIntents, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) error {
+func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) error {
 	sac, err := statusApplyConfiguration(st)
 	if err != nil {
 		return fmt.Errorf("status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
 	desired := kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithStatus(sac)
-	if held.holds(kvc, kvc, "status", desired, func() bool {
+	if held.holds(kvc, desired, func() bool {
 		owned, err := kvv1ac.ExtractKVClusterStatus(kvc, specs.FieldManager)
 		return err == nil && equality.Semantic.DeepEqual(owned.Status, desired.Status)
 	}) {
@@ -89,40 +211,37 @@ func statusApplyConfiguration(st kvv1.KVClusterStatus) (*kvv1ac.KVClusterStatusA
 	return ac, nil
 }
 
-// heldIntents remembers, per cluster, the version (UID and resource version) of each object it
-// applies at which that object was found to hold the operator's intent, and a digest of that
-// intent. Comparing through Extract reads the object's managed fields: over 1 ms and 300 KB of
-// garbage for a StatefulSet, on every reconcile of every cluster; an object that has not changed
-// since, asked for the same intent, holds it still. Any change to the object (its own status
-// included) gives it a new resource version, and is compared afresh. The zero value is ready.
-type heldIntents struct {
+// heldStatuses remembers, per cluster, the version (UID and resource version) of the KVCluster at
+// which its status was found to hold the operator's intent, and the digest of that intent.
+// Comparing through Extract reads the KVCluster's managed fields, on every reconcile of every
+// cluster; a KVCluster that has not changed since, asked for the same status, holds it still. Any
+// change to it gives it a new resource version, and is compared afresh. The zero value is ready.
+type heldStatuses struct {
 	mu        sync.Mutex
-	byCluster map[types.NamespacedName]map[string]heldIntent
+	byCluster map[types.NamespacedName]heldStatus
 }
 
-type heldIntent struct {
+type heldStatus struct {
 	uid             types.UID
 	resourceVersion string
-	digest          [sha256.Size]byte
+	digest          string
 }
 
-// holds reports whether obj, of the cluster, holds desired: from memory when this version of it
-// was found to hold it before, else by compare, remembered when true. kind tells apart the cluster's
-// objects that share a name (its StatefulSet and PodDisruptionBudget); what makes the memory
-// right is the UID, resource version and digest, the key only bounds how much is kept. An object
-// with no resource version (not read from the API server) is always compared.
-func (h *heldIntents) holds(kvc *kvv1.KVCluster, obj client.Object, kind string, desired any, compare func() bool) bool {
-	if obj.GetResourceVersion() == "" {
+// holds reports whether kvc holds the status desired: from memory when this version of it was
+// found to hold it before, else by compare, remembered when true. A KVCluster with no resource
+// version (not read from the API server) is always compared.
+func (h *heldStatuses) holds(kvc *kvv1.KVCluster, desired any, compare func() bool) bool {
+	if kvc.ResourceVersion == "" {
 		return compare()
 	}
-	data, err := json.Marshal(desired)
+	digest, err := intentDigest(desired)
 	if err != nil {
 		return compare()
 	}
-	seen := heldIntent{uid: obj.GetUID(), resourceVersion: obj.GetResourceVersion(), digest: sha256.Sum256(data)}
-	cluster, name := types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}, kind+"/"+obj.GetName()
+	seen := heldStatus{uid: kvc.UID, resourceVersion: kvc.ResourceVersion, digest: digest}
+	cluster := types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}
 	h.mu.Lock()
-	known := h.byCluster[cluster][name] == seen
+	known := h.byCluster[cluster] == seen
 	h.mu.Unlock()
 	if known {
 		return true
@@ -133,17 +252,14 @@ func (h *heldIntents) holds(kvc *kvv1.KVCluster, obj client.Object, kind string,
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.byCluster == nil {
-		h.byCluster = map[types.NamespacedName]map[string]heldIntent{}
+		h.byCluster = map[types.NamespacedName]heldStatus{}
 	}
-	if h.byCluster[cluster] == nil {
-		h.byCluster[cluster] = map[string]heldIntent{}
-	}
-	h.byCluster[cluster][name] = seen
+	h.byCluster[cluster] = seen
 	return true
 }
 
 // forget drops a cluster that is gone.
-func (h *heldIntents) forget(cluster types.NamespacedName) {
+func (h *heldStatuses) forget(cluster types.NamespacedName) {
 	h.mu.Lock()
 	delete(h.byCluster, cluster)
 	h.mu.Unlock()

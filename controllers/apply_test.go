@@ -10,24 +10,27 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
-// TestHeldIntentsCompareAnythingChanged: the compare is spared only for the very version of an
-// object already found to hold the very same intent; a new version (anyone's edit, its status), a
-// new intent, an object re-created under the name or a cluster forgotten are compared again.
-func TestHeldIntentsCompareAnythingChanged(t *testing.T) {
-	kvc := newKVCluster("ns", "kv", 3)
-	object := func(uid types.UID, version string) client.Object {
-		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kv-client", Namespace: "ns", UID: uid, ResourceVersion: version}}
+// TestHeldStatusesCompareAnythingChanged: the compare of a KVCluster's status is spared only for
+// the very version of the KVCluster already found to hold the very same status; a new version
+// (anyone's edit), a new status, a KVCluster re-created under the name or a cluster forgotten are
+// compared again.
+func TestHeldStatusesCompareAnythingChanged(t *testing.T) {
+	cluster := func(uid types.UID, version string) *kvv1.KVCluster {
+		kvc := newKVCluster("ns", "kv", 3)
+		kvc.UID, kvc.ResourceVersion = uid, version
+		return kvc
 	}
-	intent := func(port int32) any { return map[string]int32{"port": port} }
+	status := func(phase kvv1.Phase) any { return map[string]kvv1.Phase{"phase": phase} }
 	type step struct {
-		obj      client.Object
-		intent   any
+		kvc      *kvv1.KVCluster
+		status   any
 		equal    bool // what the compare finds
 		compared bool
 		held     bool
@@ -36,59 +39,109 @@ func TestHeldIntentsCompareAnythingChanged(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"first sight is compared", []step{{object("a", "1"), intent(2379), true, true, true}}},
-		{"the same version and intent are not", []step{
-			{object("a", "1"), intent(2379), true, true, true},
-			{object("a", "1"), intent(2379), true, false, true}}},
+		{"first sight is compared", []step{{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true}}},
+		{"the same version and status are not", []step{
+			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
+			{cluster("a", "1"), status(kvv1.PhaseReady), true, false, true}}},
 		{"a new version is", []step{
-			{object("a", "1"), intent(2379), true, true, true},
-			{object("a", "2"), intent(2379), false, true, false}}},
-		{"a new intent is", []step{
-			{object("a", "1"), intent(2379), true, true, true},
-			{object("a", "1"), intent(2380), false, true, false}}},
-		{"an object re-created is", []step{
-			{object("a", "1"), intent(2379), true, true, true},
-			{object("b", "1"), intent(2379), false, true, false}}},
-		{"an object with no resource version always is", []step{
-			{object("a", ""), intent(2379), true, true, true},
-			{object("a", ""), intent(2379), true, true, true}}},
+			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
+			{cluster("a", "2"), status(kvv1.PhaseReady), false, true, false}}},
+		{"a new status is", []step{
+			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
+			{cluster("a", "1"), status(kvv1.PhaseUpgrading), false, true, false}}},
+		{"a cluster re-created is", []step{
+			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
+			{cluster("b", "1"), status(kvv1.PhaseReady), false, true, false}}},
+		{"a cluster with no resource version always is", []step{
+			{cluster("a", ""), status(kvv1.PhaseReady), true, true, true},
+			{cluster("a", ""), status(kvv1.PhaseReady), true, true, true}}},
 		{"a difference is not remembered", []step{
-			{object("a", "1"), intent(2379), false, true, false},
-			{object("a", "1"), intent(2379), false, true, false}}},
-		{"the same name of another kind is another object", []step{
-			{object("a", "1"), intent(2379), true, true, true},
-			{&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kv-client", UID: "a", ResourceVersion: "1"}}, intent(2379), true, true, true}}},
+			{cluster("a", "1"), status(kvv1.PhaseReady), false, true, false},
+			{cluster("a", "1"), status(kvv1.PhaseReady), false, true, false}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var h heldIntents
+			var h heldStatuses
 			for i, s := range tc.steps {
 				compared := false
-				held := h.holds(kvc, s.obj, kindOf(s.obj), s.intent, func() bool { compared = true; return s.equal })
+				held := h.holds(s.kvc, s.status, func() bool { compared = true; return s.equal })
 				if compared != s.compared || held != s.held {
 					t.Errorf("step %d: compared %v held %v, want compared %v held %v", i, compared, held, s.compared, s.held)
 				}
 			}
 		})
 	}
-	var h heldIntents
-	h.holds(kvc, object("a", "1"), "Service", intent(2379), func() bool { return true })
+	var h heldStatuses
+	h.holds(cluster("a", "1"), status(kvv1.PhaseReady), func() bool { return true })
 	h.forget(types.NamespacedName{Namespace: "ns", Name: "kv"})
 	compared := false
-	h.holds(kvc, object("a", "1"), "Service", intent(2379), func() bool { compared = true; return true })
+	h.holds(cluster("a", "1"), status(kvv1.PhaseReady), func() bool { compared = true; return true })
 	if !compared {
-		t.Error("a forgotten cluster's objects are not compared again")
+		t.Error("a forgotten cluster's status is not compared again")
 	}
 }
 
-func kindOf(o client.Object) string {
-	if _, ok := o.(*corev1.ConfigMap); ok {
-		return "ConfigMap"
+// TestCachedIntent: of an object the operator applies, the cache keeps no managed fields but the
+// digest of what the operator owns, from which the same answer comes out as from the managed
+// fields: holds what the operator applied, not another intent. An object without managed fields
+// is left as it is (the informer may transform an object twice).
+func TestCachedIntent(t *testing.T) {
+	ours := metav1.ManagedFieldsEntry{Manager: specs.FieldManager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{"f:members":{}},"f:metadata":{"f:labels":{"f:app":{}}}}`)}}
+	theirs := metav1.ManagedFieldsEntry{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{"f:other":{}},"f:metadata":{"f:annotations":{"f:note":{}}}}`)}}
+	applied := corev1ac.ConfigMap("kv-members", "ns").WithLabels(map[string]string{"app": "kv"}).WithData(map[string]string{"members": "kv-0"})
+	other := corev1ac.ConfigMap("kv-members", "ns").WithLabels(map[string]string{"app": "kv"}).WithData(map[string]string{"members": "kv-0,kv-1"})
+	for _, tc := range []struct {
+		name   string
+		fields []metav1.ManagedFieldsEntry
+		holds  bool // holds what the operator applied
+	}{
+		{"ours alone", []metav1.ManagedFieldsEntry{ours}, true},
+		{"ours beside another manager's", []metav1.ManagedFieldsEntry{theirs, ours}, true},
+		{"another manager's alone", []metav1.ManagedFieldsEntry{theirs}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kv-members", Namespace: "ns", Labels: map[string]string{"app": "kv"},
+				Annotations: map[string]string{"note": "x"}, ManagedFields: tc.fields},
+				Data: map[string]string{"members": "kv-0", "other": "x"}}
+			before := cm.DeepCopy()
+			after := cachedIntent(cm).(*corev1.ConfigMap)
+			if after.ManagedFields != nil {
+				t.Errorf("the cache keeps managed fields: %+v", after.ManagedFields)
+			}
+			for _, read := range []struct {
+				name string
+				obj  *corev1.ConfigMap
+			}{{"as the API server gives it", before}, {"as the cache keeps it", after}} {
+				if got := holdsIntent(read.obj, applied); got != tc.holds {
+					t.Errorf("%s: holds what the operator applied = %v, want %v", read.name, got, tc.holds)
+				}
+				if holdsIntent(read.obj, other) {
+					t.Errorf("%s: holds another intent", read.name)
+				}
+			}
+			if again := cachedIntent(after.DeepCopy()); !equality.Semantic.DeepEqual(again, after) {
+				t.Errorf("cached form of the cached form = %+v, want %+v", again, after)
+			}
+			delete(after.Annotations, intentAnnotation)
+			before.ManagedFields = nil
+			if !equality.Semantic.DeepEqual(after, before) {
+				t.Errorf("object = %+v, want %+v", after, before)
+			}
+		})
 	}
-	return "Service"
+	bare := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kv-members", Namespace: "ns"}}
+	if got := cachedIntent(bare.DeepCopy()); !equality.Semantic.DeepEqual(got, bare) {
+		t.Errorf("an object without managed fields became %+v", got)
+	}
+	if holdsIntent(bare, applied) {
+		t.Error("an object of no manager holds what the operator applied")
+	}
 }
 
 // BenchmarkComparingTheStatefulSet: what applyOwned spends on an unchanged StatefulSet of a TLS
-// cluster, as the API server stored it: Extract and compare, and the held intent instead.
+// cluster: Extract and compare, as it did on the object as the API server stored it, and the
+// digest the cache keeps instead (cachedIntent).
 func BenchmarkComparingTheStatefulSet(b *testing.B) {
 	ctx := context.Background()
 	admin, err := client.New(restConfig, client.Options{Scheme: scheme})
@@ -124,10 +177,10 @@ func BenchmarkComparingTheStatefulSet(b *testing.B) {
 			}
 		}
 	})
-	b.Run("held", func(b *testing.B) {
-		var h heldIntents
+	b.Run("cached", func(b *testing.B) {
+		cached := cachedIntent(current.DeepCopy()).(*appsv1.StatefulSet)
 		for b.Loop() {
-			if !h.holds(kvc, &current, "StatefulSet", desired, extracted) {
+			if !holdsIntent(cached, desired) {
 				b.Fatal("the StatefulSet does not hold what was applied")
 			}
 		}

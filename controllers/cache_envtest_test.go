@@ -3,31 +3,38 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
-// TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares: the manager's cache keeps no
+// TestCacheKeepsNoManagedFieldsButTheDigestOfTheOperatorsIntent: the manager's cache keeps no
 // managed fields of Pods, claims and Jobs, which the operator never compares with what it owns
-// (they are much of a Pod's size, times three per cluster), and keeps its own of the objects it
-// applies whole, which it does compare (without them every look at an idle cluster would write),
-// and no one else's.
-// (labelScoped, the other envtests' cache, drops the same, so their idle-write checks would catch
-// a kind wrongly added to notComparedKinds.)
-func TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares(t *testing.T) {
+// (they are much of a Pod's size, times three per cluster), nor of the objects it applies whole,
+// which it does compare (without them every look at an idle cluster would write): of those, it
+// keeps the digest of the operator's part (cachedIntent), which holds what the operator applied
+// beside another manager's fields.
+// (labelScoped, the other envtests' cache, keeps the same forms, so their idle-write checks would
+// catch a kind wrongly added to notComparedKinds.)
+func TestCacheKeepsNoManagedFieldsButTheDigestOfTheOperatorsIntent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	admin, err := client.New(restConfig, client.Options{Scheme: scheme})
@@ -57,8 +64,13 @@ func TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares(t *testing.T)
 		}
 	}
 	// The operator applies its part of them; the admin's (another manager's) stays beside it.
-	for _, ac := range []runtime.ApplyConfiguration{corev1ac.ConfigMap(owned.Name, ns.Name).WithData(map[string]string{"members": "c-0"}),
-		corev1ac.Service(owned.Name, ns.Name).WithSpec(corev1ac.ServiceSpec().WithPorts(corev1ac.ServicePort().WithName("client").WithPort(2379)))} {
+	// (Afresh each time: Apply decodes the API server's answer into its argument.)
+	intents := func() []runtime.ApplyConfiguration {
+		return []runtime.ApplyConfiguration{corev1ac.ConfigMap(owned.Name, ns.Name).WithData(map[string]string{"members": "c-0"}),
+			corev1ac.Service(owned.Name, ns.Name).WithSpec(corev1ac.ServiceSpec().WithPorts(
+				corev1ac.ServicePort().WithName("client").WithPort(2379).WithProtocol(corev1.ProtocolTCP).WithTargetPort(intstr.FromInt32(2379))))}
+	}
+	for _, ac := range intents() {
 		if err := admin.Apply(ctx, ac, client.FieldOwner(specs.FieldManager)); err != nil {
 			t.Fatal(err)
 		}
@@ -84,18 +96,104 @@ func TestCacheDropsManagedFieldsOnlyOfWhatTheOperatorNeverCompares(t *testing.T)
 			t.Errorf("the cache keeps the managed fields of %T: %v", o, mf)
 		}
 	}
-	for _, o := range applied {
-		// The cache may hold the object as created, before the operator's apply: wait for both.
-		var kept []metav1.ManagedFieldsEntry
+	for i, o := range applied {
+		// The cache may hold the object as created, before the operator's apply: wait for it.
+		var cached client.Object
 		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			kept = get(o).GetManagedFields()
-			return slices.ContainsFunc(kept, func(e metav1.ManagedFieldsEntry) bool { return e.Manager == specs.FieldManager }), nil
+			cached = get(o)
+			return holdsIntent(cached, intents()[i]), nil
 		}); err != nil {
-			t.Errorf("the cache keeps no managed fields of the operator's of %T, which it compares with what it owns: %v", o, kept)
+			t.Errorf("%T in the cache does not hold what the operator applied: %v", o, cached)
 		}
-		if slices.ContainsFunc(kept, notOurs) {
-			t.Errorf("the cache keeps another manager's managed fields of %T, which nothing reads: %v", o, kept)
+		if mf := cached.GetManagedFields(); len(mf) != 0 {
+			t.Errorf("the cache keeps the managed fields of %T: %v", o, mf)
 		}
+	}
+}
+
+// TestCachedIntentHoldsWhatTheOperatorApplies: of every object the operator applies, as specs
+// builds it and the API server stores it, the digest the cache keeps (cachedIntent) says the
+// object holds that intent, as Extract and compare of its managed fields say, so an idle cluster
+// is not written; still beside another manager's field; and no longer once another manager has
+// taken over one of the operator's fields (which the operator then puts back).
+func TestCachedIntentHoldsWhatTheOperatorApplies(t *testing.T) {
+	ctx := context.Background()
+	admin, err := client.New(restConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "intent-"}}
+	if err := admin.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	kvc := newKVCluster(ns.Name, "kv", 3)
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	kvc.Spec.NetworkPolicy = &kvv1.NetworkPolicySpec{Mode: kvv1.NetworkPolicyManaged, ClientsFrom: []networkingv1.NetworkPolicyPeer{
+		{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}
+	if err := admin.Create(ctx, kvc); err != nil {
+		t.Fatal(err)
+	}
+	certificate := map[string][]byte{corev1.TLSCertKey: []byte("cert"), corev1.TLSPrivateKeyKey: []byte("key"), specs.CACertKey: []byte("ca")}
+	operator := specs.OperatorPods{Namespace: "kvcluster-system", Labels: map[string]string{"app.kubernetes.io/name": "kvcluster-operator"}}
+	for _, tc := range []struct {
+		current client.Object
+		intent  func() runtime.ApplyConfiguration // afresh each time: Apply decodes the answer into it
+	}{
+		{&appsv1.StatefulSet{}, func() runtime.ApplyConfiguration {
+			return specs.StatefulSet(kvc, specs.MemberSet{Replicas: 3, Images: specs.Images{EtcdRepository: "registry.k8s.io/etcd"}})
+		}},
+		{&corev1.Service{}, func() runtime.ApplyConfiguration { return specs.PeerService(kvc, "") }},
+		{&corev1.Service{}, func() runtime.ApplyConfiguration { return specs.ClientService(kvc, time.Time{}) }},
+		{&policyv1.PodDisruptionBudget{}, func() runtime.ApplyConfiguration { return specs.PodDisruptionBudget(kvc, 3) }},
+		{&corev1.ConfigMap{}, func() runtime.ApplyConfiguration {
+			return specs.MembershipConfigMap(kvc, specs.Membership{State: "new", Ordinals: []int{0, 1, 2}}, "")
+		}},
+		{&networkingv1.NetworkPolicy{}, func() runtime.ApplyConfiguration { return specs.NetworkPolicy(kvc, operator, "") }},
+		{&corev1.Secret{}, func() runtime.ApplyConfiguration { return specs.TLSSecret(kvc, specs.TLSServer, certificate, "") }},
+		{&corev1.ConfigMap{}, func() runtime.ApplyConfiguration { return specs.Guard(kvc) }},
+	} {
+		name := *tc.intent().(interface{ GetName() *string }).GetName()
+		t.Run(fmt.Sprintf("%T %s", tc.current, name), func(t *testing.T) {
+			if err := admin.Apply(ctx, tc.intent(), client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+				t.Fatal(err)
+			}
+			key := client.ObjectKey{Namespace: ns.Name, Name: name}
+			check := func(when string, want bool) {
+				t.Helper()
+				live := tc.current.DeepCopyObject().(client.Object)
+				if err := admin.Get(ctx, key, live); err != nil {
+					t.Fatal(err)
+				}
+				owned, err := ownedIntent(live)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if compared := equality.Semantic.DeepEqual(owned, tc.intent()); compared != want {
+					t.Fatalf("%s: Extract and compare say it holds the intent: %v, want %v", when, compared, want)
+				}
+				cached := cachedIntent(live.DeepCopyObject()).(client.Object)
+				if got := holdsIntent(cached, tc.intent()); got != want {
+					t.Errorf("%s: as cached, holds the intent: %v, want %v", when, got, want)
+				}
+				if got := holdsIntent(live, tc.intent()); got != want {
+					t.Errorf("%s: as read from the API server, holds the intent: %v, want %v", when, got, want)
+				}
+			}
+			check("as applied", true)
+			patch := func(manager, data string) {
+				t.Helper()
+				obj := tc.current.DeepCopyObject().(client.Object)
+				obj.SetNamespace(ns.Name)
+				obj.SetName(name)
+				if err := admin.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(data)), client.FieldOwner(manager)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			patch("kubectl-annotate", `{"metadata":{"annotations":{"team.example/owner":"storage"}}}`)
+			check("beside another manager's annotation", true)
+			patch("kubectl-edit", `{"metadata":{"labels":{"`+specs.ClusterLabel+`":"other"}}}`)
+			check("with one of its labels taken over", false)
+		})
 	}
 }
 

@@ -10,11 +10,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
@@ -134,8 +137,82 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 	}
 }
 
-// TestOwnManagedFields: of the objects the operator compares with what it owns, the cache keeps
-// its own managed fields (what Extract reads: the same intent comes out) and no one else's.
+// TestCachedIntentKeepsWhatTheOperatorReads: of the StatefulSet of a TLS cluster, the cache keeps
+// what observe reads (the same observation comes out of it) and drops the rest of its spec, most
+// of its size; of the other kinds the operator applies and reads only the metadata of, only that.
+func TestCachedIntentKeepsWhatTheOperatorReads(t *testing.T) {
+	kvc := newKVCluster("ns", "kv", 3)
+	kvc.UID = "cluster-uid"
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	ours := []metav1.ManagedFieldsEntry{{Manager: specs.FieldManager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "apps/v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:replicas":{}}}`)}}}
+	var set appsv1.StatefulSet
+	data, err := json.Marshal(specs.StatefulSet(kvc, specs.MemberSet{Replicas: 3, Images: specs.Images{EtcdRepository: "registry.k8s.io/etcd"},
+		Trust: "ca-1", AwaitedPods: "1@2026-12-05T06:00:00Z@2026-12-05T06:01:00Z"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &set); err != nil {
+		t.Fatal(err)
+	}
+	set.UID, set.ResourceVersion, set.Generation, set.ManagedFields = "set-uid", "7", 2, ours
+	set.Status = appsv1.StatefulSetStatus{ObservedGeneration: 2, Replicas: 3, ReadyReplicas: 3, UpdateRevision: "kv-5d8f", CurrentRevision: "kv-5d8f"}
+	before := set.DeepCopy()
+	after := cachedIntent(&set).(*appsv1.StatefulSet)
+	var got, want plan.Observation
+	statefulSetObserved(after, &got)
+	statefulSetObserved(before, &want)
+	if want.STSTransport == nil || want.STSTLSSecrets == nil || want.STSQuota == 0 || want.STSTrust == "" || want.STSAwaitedPods == "" || want.STSClaimSize.IsZero() {
+		t.Fatalf("the StatefulSet shows too little to check its cached form: %+v", want)
+	}
+	if got.STSClaimSize.Cmp(want.STSClaimSize) != 0 {
+		t.Errorf("claim size of the cached StatefulSet = %s, want %s", &got.STSClaimSize, &want.STSClaimSize)
+	}
+	got.STSClaimSize, want.STSClaimSize = resource.Quantity{}, resource.Quantity{}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("observed of the cached StatefulSet = %+v, want %+v", got, want)
+	}
+	if !equality.Semantic.DeepEqual(after.Status, before.Status) || after.Generation != before.Generation || after.ResourceVersion != before.ResourceVersion {
+		t.Errorf("the cached StatefulSet lost its status or version: %+v", after)
+	}
+	if len(after.Spec.Template.Spec.InitContainers) != 0 || after.Spec.Template.Spec.Containers[0].ReadinessProbe != nil || after.Spec.Template.Spec.Containers[0].Image != "" {
+		t.Errorf("kept what the operator never reads: %+v", after.Spec)
+	}
+	if kept, whole := jsonSize(t, after), jsonSize(t, before); kept*2 > whole {
+		t.Errorf("cached form %d bytes of the StatefulSet's %d: want at most half", kept, whole)
+	}
+	if again := cachedIntent(after.DeepCopy()); !equality.Semantic.DeepEqual(again, after) {
+		t.Errorf("cached form of the cached StatefulSet = %+v, want %+v", again, after)
+	}
+	now := metav1.Now()
+	meta := func() metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: "kv-client", Namespace: "ns", UID: "uid", DeletionTimestamp: &now, ManagedFields: ours,
+			Annotations:     map[string]string{specs.DrainedAtAnnotation: "2026-12-05T06:00:00Z"},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "KVCluster", Name: "kv", UID: "cluster-uid", Controller: new(true)}}}
+	}
+	for _, tc := range []struct{ obj, want client.Object }{
+		{&corev1.Service{ObjectMeta: meta(), Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "client", Port: 2379}}}},
+			&corev1.Service{ObjectMeta: meta()}},
+		{&policyv1.PodDisruptionBudget{ObjectMeta: meta(), Spec: policyv1.PodDisruptionBudgetSpec{MaxUnavailable: new(intstr.FromInt32(1))},
+			Status: policyv1.PodDisruptionBudgetStatus{CurrentHealthy: 3}}, &policyv1.PodDisruptionBudget{ObjectMeta: meta()}},
+		{&networkingv1.NetworkPolicy{ObjectMeta: meta(), Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}},
+			&networkingv1.NetworkPolicy{ObjectMeta: meta()}},
+	} {
+		cached := cachedIntent(tc.obj).(client.Object)
+		if cached.GetAnnotations()[intentAnnotation] == "" {
+			t.Errorf("cached %T has no digest of the operator's intent", tc.obj)
+		}
+		delete(cached.GetAnnotations(), intentAnnotation)
+		tc.want.SetManagedFields(nil)
+		if !equality.Semantic.DeepEqual(cached, tc.want) {
+			t.Errorf("cached %T = %+v, want only its metadata %+v", tc.obj, cached, tc.want)
+		}
+	}
+}
+
+// TestOwnManagedFields: of KVClusters, whose status the operator compares with what it owns, the
+// cache keeps its own managed fields (what Extract reads: the same intent comes out) and no one
+// else's (shown on a ConfigMap: the code is the same for every kind).
 func TestOwnManagedFields(t *testing.T) {
 	ours := metav1.ManagedFieldsEntry{Manager: specs.FieldManager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1",
 		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{"f:members":{}},"f:metadata":{"f:labels":{"f:app":{}}}}`)}}

@@ -62,16 +62,16 @@ type KVClusterReconciler struct {
 	Workers int
 
 	leaders leaderTracker
-	// held spares the compare of an unchanged object with what the operator applies (applyOwned).
-	held heldIntents
+	// heldStatuses spares the compare of an unchanged KVCluster's status with what the operator
+	// applies (applyStatus).
+	heldStatuses heldStatuses
 }
 
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
-// its own), not every Pod, Job or StatefulSet of the Kubernetes cluster. Of Pods, claims and Jobs
-// it keeps no managed fields: the operator compares what it owns (Extract) only of the objects it
-// applies whole (applyOwned), and who manages which field is a large part of a Pod; of Pods and
-// claims, only what the operator reads (cachedForm); of the rest, only its own managed fields
-// (ownManagedFields). Given
+// its own), not every Pod, Job or StatefulSet of the Kubernetes cluster, and of those only what it
+// reads: of Pods, claims and Jobs no managed fields, and of Pods and claims only what observe reads
+// (cachedForm); of the objects it applies, instead of their managed fields, the digest of its own
+// part of them (cachedIntent); of KVClusters, only its own managed fields (ownManagedFields). Given
 // namespaces, it watches only those (an install whose Roles grant nothing elsewhere); none: all.
 func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeaving(namespaces, nil) }
 
@@ -84,7 +84,8 @@ func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeavi
 // KVClusters everywhere), so that their finalizers are let go, and nothing else of them is (their
 // Roles may be gone already, and a cache that cannot list is never ready).
 func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
-	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
+	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue}),
+		Transform: func(obj any) (any, error) { return cachedIntent(obj), nil }}
 	options := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&appsv1.StatefulSet{}:           owned,
 		&corev1.Service{}:               owned,
@@ -115,13 +116,12 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 	return options
 }
 
-// ownManagedFields is what the cache keeps of the kinds the operator compares with what it owns
-// (applyOwned, applyStatus), KVClusters included: of their managed fields, only the operator's
-// own, the only ones Extract reads. The others (the controller manager's of every StatefulSet's
-// status, the disruption controller's of every PodDisruptionBudget's, whoever applied the
-// KVCluster) are read by nothing. It changes obj in place (the informer's own copy). A cached
-// object is therefore never written back whole (Update): the API server would take its managed
-// fields for the whole list and drop everyone else's. The operator only applies.
+// ownManagedFields is what the cache keeps of KVClusters, whose status the operator compares with
+// what it owns (applyStatus): of their managed fields, only the operator's own, the only ones
+// Extract reads. The others (whoever applied the KVCluster) are read by nothing. It changes obj in
+// place (the informer's own copy). A cached object is therefore never written back whole
+// (Update): the API server would take its managed fields for the whole list and drop everyone
+// else's. The operator only applies.
 func ownManagedFields(obj any) any {
 	o, err := meta.Accessor(obj)
 	if err != nil {
@@ -220,7 +220,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	var kvc kvv1.KVCluster
 	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)
-		r.held.forget(req.NamespacedName)
+		r.heldStatuses.forget(req.NamespacedName)
 		if slices.Contains(r.Leaving, req.Namespace) {
 			return ctrl.Result{}, nil // its guard goes with the namespace
 		}

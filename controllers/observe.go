@@ -38,20 +38,7 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	var sts appsv1.StatefulSet
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: kvc.Namespace, Name: kvc.Name}, &sts); {
 	case err == nil:
-		if len(sts.Spec.VolumeClaimTemplates) > 0 {
-			template := sts.Spec.VolumeClaimTemplates[0]
-			obs.STSClaimsUnlabelled = template.Labels[specs.ClusterUIDLabel] == ""
-			obs.STSClaimSize = template.Spec.Resources.Requests[corev1.ResourceStorage]
-		}
-		obs.STSReplicas = sts.Spec.Replicas
-		obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
-		obs.STSTrust = sts.Spec.Template.Annotations[specs.TrustAnnotation]
-		obs.STSAwaitedPods = sts.Annotations[specs.AwaitedPodsAnnotation]
-		if t, ok := specs.PodTransport(sts.Spec.Template.Spec); ok {
-			obs.STSTransport = &t
-		}
-		obs.STSTLSSecrets = specs.PodTLSSecrets(sts.Spec.Template.Spec)
-		obs.STSQuota, _ = specs.PodQuota(sts.Spec.Template.Spec)
+		statefulSetObserved(&sts, &obs)
 	case !apierrors.IsNotFound(err):
 		return obs, nil, fmt.Errorf("get StatefulSet %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
@@ -118,6 +105,25 @@ func (r *KVClusterReconciler) observe(ctx context.Context, kvc *kvv1.KVCluster) 
 	}
 	obs.Cluster = &cluster
 	return obs, etcd, nil
+}
+
+// statefulSetObserved is what observe reads of the cluster's StatefulSet (cachedIntent keeps it);
+// observePods reads its status's updateRevision and replicas too.
+func statefulSetObserved(sts *appsv1.StatefulSet, obs *plan.Observation) {
+	if len(sts.Spec.VolumeClaimTemplates) > 0 {
+		template := sts.Spec.VolumeClaimTemplates[0]
+		obs.STSClaimsUnlabelled = template.Labels[specs.ClusterUIDLabel] == ""
+		obs.STSClaimSize = template.Spec.Resources.Requests[corev1.ResourceStorage]
+	}
+	obs.STSReplicas = sts.Spec.Replicas
+	obs.STSSettled = sts.Status.ObservedGeneration >= sts.Generation && sts.Status.UpdateRevision != ""
+	obs.STSTrust = sts.Spec.Template.Annotations[specs.TrustAnnotation]
+	obs.STSAwaitedPods = sts.Annotations[specs.AwaitedPodsAnnotation]
+	if t, ok := specs.PodTransport(sts.Spec.Template.Spec); ok {
+		obs.STSTransport = &t
+	}
+	obs.STSTLSSecrets = specs.PodTLSSecrets(sts.Spec.Template.Spec)
+	obs.STSQuota, _ = specs.PodQuota(sts.Spec.Template.Spec)
 }
 
 // observeTLS reads the cluster's TLS Secrets: the operator's own (a Secret under their name that

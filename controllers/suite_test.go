@@ -469,8 +469,8 @@ func newHarnessAs(t *testing.T, asOperator *rest.Config) *harness {
 }
 
 // labelScoped reads like the manager's cache (CacheOptions): of the kinds the operator owns, it
-// sees only the objects labelled as the operator's; of some kinds no managed fields, of the
-// others (KVClusters too) only the operator's own.
+// sees only the objects labelled as the operator's, in the forms the cache keeps (cachedForm,
+// cachedIntent, ownManagedFields).
 func labelScoped(c client.WithWatch) client.WithWatch {
 	visible := func(obj client.Object) bool {
 		if _, isKVC := obj.(*kvv1.KVCluster); isKVC {
@@ -479,10 +479,13 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 		return obj.GetLabels()[specs.ManagedByLabel] == specs.ManagedByValue
 	}
 	asCached := func(obj client.Object) {
-		if slices.ContainsFunc(notComparedKinds(), func(k client.Object) bool { return reflect.TypeOf(k) == reflect.TypeOf(obj) }) {
+		switch {
+		case slices.ContainsFunc(notComparedKinds(), func(k client.Object) bool { return reflect.TypeOf(k) == reflect.TypeOf(obj) }):
 			cachedForm(obj)
-		} else {
+		case reflect.TypeOf(obj) == reflect.TypeOf(&kvv1.KVCluster{}):
 			ownManagedFields(obj)
+		default:
+			cachedIntent(obj)
 		}
 	}
 	return interceptor.NewClient(c, interceptor.Funcs{

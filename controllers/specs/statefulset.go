@@ -197,7 +197,7 @@ func EtcdArgs(kvc *kvv1.KVCluster, t Transport, quota int64) []string {
 		"--advertise-client-urls=" + t.clientURLs(self),
 		"--initial-advertise-peer-urls=" + t.peerURL(self),
 		"--initial-cluster-token=" + clusterToken(kvc),
-		"--quota-backend-bytes=" + strconv.FormatInt(quota, 10),
+		quotaFlag + strconv.FormatInt(quota, 10),
 	}
 	// Old history is compacted away, so the database does not grow without bound.
 	mode, retention := autoCompaction(kvc)
@@ -262,13 +262,27 @@ func PodQuota(pod corev1.PodSpec) (int64, bool) {
 			continue
 		}
 		for _, arg := range c.Args {
-			if q, ok := strings.CutPrefix(arg, "--quota-backend-bytes="); ok {
+			if q, ok := strings.CutPrefix(arg, quotaFlag); ok {
 				n, err := strconv.ParseInt(q, 10, 64)
 				return n, err == nil
 			}
 		}
 	}
 	return 0, false
+}
+
+const quotaFlag = "--quota-backend-bytes="
+
+// TemplateArgs are the arguments of a container of the members' pod template that PodTransport
+// and PodQuota read (the manager's cache keeps only these of the StatefulSet's).
+func TemplateArgs(args []string) []string {
+	kept := TransportArgs(args)
+	for _, arg := range args {
+		if strings.HasPrefix(arg, quotaFlag) {
+			kept = append(kept, arg)
+		}
+	}
+	return kept
 }
 
 // MemberClaim is what the operator owns of a member's data claim, which the StatefulSet (or a
