@@ -155,13 +155,14 @@ var stripManagedFields = cache.TransformStripManagedFields()
 // flags PodTransport reads; its phase, conditions, and its containers' states and restarts:
 // observePods, memberPodStateOf, TerminationMessage). The rest of a pod's spec (probes,
 // environment, mounts, volumes, tolerations) is most of its size, one pod per member, and the
-// operator reads it from the StatefulSet's template instead. Of a claim, its metadata, its
-// StorageClass, the size asked for and had, its phase and conditions (claimObserved,
-// plan.ClaimBelongs). It changes obj in place (the informer's own copy), and a second pass
-// changes nothing (the informer may make two).
+// operator reads it from the StatefulSet's template instead. Of a claim, its metadata but its
+// annotations, its StorageClass, the size asked for and had, its phase and conditions
+// (claimObserved, plan.ClaimBelongs). It changes obj in place (the informer's own copy), and a
+// second pass changes nothing (the informer may make two).
 func cachedForm(obj any) any {
 	obj, _ = stripManagedFields(obj) // never fails
 	if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+		claim.Annotations = nil // the binder's and the provisioner's
 		claim.Spec = corev1.PersistentVolumeClaimSpec{StorageClassName: claim.Spec.StorageClassName,
 			Resources: corev1.VolumeResourceRequirements{Requests: claim.Spec.Resources.Requests}}
 		claim.Status = corev1.PersistentVolumeClaimStatus{Phase: claim.Status.Phase, Capacity: claim.Status.Capacity, Conditions: claim.Status.Conditions}
