@@ -148,10 +148,13 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	defer func() { _ = os.RemoveAll(work) }()
 	fmt.Fprintf(os.Stderr, "bench-scale: building the operator (kvcsim) and the volume provisioner in %s\n", work)
 	for _, b := range [][]string{
-		{"build", "-tags", "kvcsim", "-o", filepath.Join(work, "kvcluster-operator"), "./cmd/kvcluster-operator"},
+		// As make build builds the shipped binary (static, without symbols), whose memory the run measures.
+		{"build", "-tags", "kvcsim", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(work, "kvcluster-operator"), "./cmd/kvcluster-operator"},
 		{"build", "-o", filepath.Join(work, "provisioner"), "./e2e/localcluster/provisioner"},
 	} {
-		if out, err := exec.Command("go", b...).CombinedOutput(); err != nil {
+		cmd := exec.Command("go", b...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("go %s: %v\n%s", strings.Join(b, " "), err, out)
 		}
 	}
@@ -670,7 +673,7 @@ Fleet sizes: %s.
   binds the member claims.
 - The real operator binary, as a process, with its defaults (leader election, %s, 5 s etcd
   timeout) and, as the Deployment gives it, its container's memory limit in MEMORY_LIMIT (Go's
-  limit is 90 %% of it; no cgroup enforces it here). It is built with the `+"`kvcsim`"+` tag, whose only difference is that its etcd
+  limit is 90 %% of it; no cgroup enforces it here). It is built as `+"`make build`"+` builds it, with the `+"`kvcsim`"+` tag, whose only difference is that its etcd
   connections go to simulated members (`+"`controllers/members/membersim`"+`): a gRPC server speaking
   etcd's API that answers from the member pods' state — a member answers while its pod is Ready,
   reports its pod's image version, and the membership changes only through the operator's
