@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -52,10 +54,18 @@ func applyOwned(ctx context.Context, c client.Client, kvc *kvv1.KVCluster, key c
 }
 
 // intentAnnotation is where the cache keeps, of an object the operator applies, the digest of
-// what the operator's field manager owns in it (cachedIntent), in place of its managed fields. It
-// exists only in the cache: the operator never writes a cached object back, it applies what it
-// builds.
+// what the operator's field manager owns in it (cachedIntent), in place of its managed fields. The
+// operator never writes a cached object back, it applies what it builds; and the same annotation
+// set on the object itself is dropped, and could not hold a digest of this process (intentKey).
 const intentAnnotation = "kvcluster.io/cached-owned-intent-sha256"
+
+// intentKey keys the digests of intents (HMAC), drawn anew by each operator process: nobody who
+// can annotate an object can make it look, to the operator, as if it held its intent.
+var intentKey = func() []byte {
+	key := make([]byte, sha256.Size)
+	_, _ = rand.Read(key) // never fails (crypto/rand)
+	return key
+}()
 
 // ownedIntent is what the operator's field manager owns in obj (the generated Extract of its
 // kind), of the kinds applyOwned and applyGuard apply.
@@ -85,8 +95,9 @@ func intentDigest(intent any) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:]), nil
+	mac := hmac.New(sha256.New, intentKey)
+	mac.Write(data)
+	return hex.EncodeToString(mac.Sum(nil)), nil
 }
 
 // cachedIntent is what the cache keeps of an object the operator applies: instead of its managed
@@ -94,15 +105,17 @@ func intentDigest(intent any) (string, error) {
 // the digest of the operator's part of them (intentAnnotation), computed once per version of the
 // object, as the informer stores it; and of the rest only what the operator reads (unreadDropped).
 // It changes obj in place (the informer's own copy); an object without managed fields is left as
-// it is, so a second pass changes nothing (the informer may make two).
+// it is, so a second pass changes nothing (the informer may make two). (Such an object, from the
+// API server, would have no digest of this process and be applied again, which gives it some.)
 func cachedIntent(obj any) any {
 	o, ok := obj.(client.Object)
 	if !ok || len(o.GetManagedFields()) == 0 {
 		return obj
 	}
+	annotations := o.GetAnnotations()
+	delete(annotations, intentAnnotation) // the object's own, if someone set it
 	if intent, err := ownedIntent(o); err == nil {
 		if digest, err := intentDigest(intent); err == nil {
-			annotations := o.GetAnnotations()
 			if annotations == nil {
 				annotations = map[string]string{}
 			}

@@ -2,6 +2,9 @@ package controllers
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -129,6 +132,33 @@ func TestCachedIntent(t *testing.T) {
 				t.Errorf("object = %+v, want %+v", after, before)
 			}
 		})
+	}
+	// An annotation set on the object itself is never taken for the digest: it is replaced as the
+	// cache stores the object; and on an object the cache leaves alone (no managed fields) it
+	// cannot be a digest of this process.
+	digest, err := intentDigest(applied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(applied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := sha256.Sum256(data)
+	for _, tc := range []struct {
+		name     string
+		spoofed  string
+		managers []metav1.ManagedFieldsEntry
+	}{
+		{"this process's digest, beside another manager's fields", digest, []metav1.ManagedFieldsEntry{theirs}},
+		{"the intent's SHA-256, without managed fields", hex.EncodeToString(plain[:]), nil},
+	} {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kv-members", Namespace: "ns", Labels: map[string]string{"app": "kv"},
+			Annotations: map[string]string{intentAnnotation: tc.spoofed}, ManagedFields: tc.managers},
+			Data: map[string]string{"members": "kv-0"}}
+		if holdsIntent(cachedIntent(cm).(client.Object), applied) {
+			t.Errorf("an object annotated with %s holds what the operator applied", tc.name)
+		}
 	}
 	bare := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kv-members", Namespace: "ns"}}
 	if got := cachedIntent(bare.DeepCopy()); !equality.Semantic.DeepEqual(got, bare) {

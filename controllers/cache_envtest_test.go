@@ -112,8 +112,8 @@ func TestCacheKeepsNoManagedFieldsButTheDigestOfTheOperatorsIntent(t *testing.T)
 }
 
 // TestCachedIntentHoldsWhatTheOperatorApplies: of every object the operator applies, as specs
-// builds it and the API server stores it, the digest the cache keeps (cachedIntent) says the
-// object holds that intent, as Extract and compare of its managed fields say, so an idle cluster
+// builds it and the API server stores it, the digest the manager's cache keeps (cachedIntent)
+// says the object holds that intent, as Extract and compare of its managed fields say, so an idle cluster
 // is not written; still beside another manager's field; and no longer once another manager has
 // taken over one of the operator's fields (which the operator then puts back).
 func TestCachedIntentHoldsWhatTheOperatorApplies(t *testing.T) {
@@ -133,6 +133,15 @@ func TestCachedIntentHoldsWhatTheOperatorApplies(t *testing.T) {
 	if err := admin.Create(ctx, kvc); err != nil {
 		t.Fatal(err)
 	}
+	opts := CacheOptions(ns.Name)
+	opts.Scheme = scheme
+	informers, err := cache.New(operatorConfig, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cacheCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = informers.Start(cacheCtx) }()
 	certificate := map[string][]byte{corev1.TLSCertKey: []byte("cert"), corev1.TLSPrivateKeyKey: []byte("key"), specs.CACertKey: []byte("ca")}
 	operator := specs.OperatorPods{Namespace: "kvcluster-system", Labels: map[string]string{"app.kubernetes.io/name": "kvcluster-operator"}}
 	for _, tc := range []struct {
@@ -171,7 +180,16 @@ func TestCachedIntentHoldsWhatTheOperatorApplies(t *testing.T) {
 				if compared := equality.Semantic.DeepEqual(owned, tc.intent()); compared != want {
 					t.Fatalf("%s: Extract and compare say it holds the intent: %v, want %v", when, compared, want)
 				}
-				cached := cachedIntent(live.DeepCopyObject()).(client.Object)
+				// The manager's cache, once it holds this version.
+				cached := tc.current.DeepCopyObject().(client.Object)
+				if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+					return informers.Get(ctx, key, cached) == nil && cached.GetResourceVersion() == live.GetResourceVersion(), nil
+				}); err != nil {
+					t.Fatalf("%s: the cache does not hold version %s: %v", when, live.GetResourceVersion(), err)
+				}
+				if len(cached.GetManagedFields()) != 0 || cached.GetAnnotations()[intentAnnotation] == "" {
+					t.Errorf("%s: the cache keeps managed fields, not the digest: %v", when, cached)
+				}
 				if got := holdsIntent(cached, tc.intent()); got != want {
 					t.Errorf("%s: as cached, holds the intent: %v, want %v", when, got, want)
 				}

@@ -400,8 +400,9 @@ var ownedPartChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool { return ownedPartsDiffer(e.ObjectOld, e.ObjectNew) },
 }
 
-// ownedPartsDiffer: the update changed the object's spec (generation), labels, annotations or
-// owners (drift to put back), or started its deletion.
+// ownedPartsDiffer: the update changed the object's spec (generation), labels, annotations (in
+// the cache, the digest of what the operator owns among them: cachedIntent) or owners (drift to
+// put back), or started its deletion.
 func ownedPartsDiffer(old, updated client.Object) bool {
 	return old.GetGeneration() != updated.GetGeneration() || !maps.Equal(old.GetLabels(), updated.GetLabels()) ||
 		!maps.Equal(old.GetAnnotations(), updated.GetAnnotations()) ||
