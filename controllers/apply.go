@@ -57,7 +57,7 @@ func applyOwned(ctx context.Context, c client.Client, kvc *kvv1.KVCluster, key c
 // what the operator's field manager owns in it (cachedIntent), in place of its managed fields. The
 // operator never writes a cached object back, it applies what it builds; and the same annotation
 // set on the object itself is dropped, and could not hold a digest of this process (intentKey).
-const intentAnnotation = "kvcluster.io/cached-owned-intent-sha256"
+const intentAnnotation = "kvcluster.io/cached-owned-intent"
 
 // intentKey keys the digests of intents (HMAC), drawn anew by each operator process: nobody who
 // can annotate an object can make it look, to the operator, as if it held its intent.
