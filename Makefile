@@ -14,7 +14,8 @@ KIND_CLUSTER ?= kvcluster-e2e
 # The local cluster's kubeconfig; `make run` and `make e2e-local` use it unless KUBECONFIG is given.
 LOCAL_KUBECONFIG := $(or $(KVC_CLUSTER_DIR),/var/lib/kvcluster-local)/kubeconfig
 KUBECTL = $$($(BUILD_TOOLS) --print-dir kubectl)/kubectl
-E2E_FLAGS ?= -count=1 -v -timeout=40m
+# Tests that touch only their own namespaces run 4 at a time (e2e/main_test.go, testAlongsideOthers).
+E2E_FLAGS ?= -count=1 -v -timeout=40m -parallel=4
 CONTROLLER_GEN := go tool controller-gen
 # The Helm chart (deploy/helm); `make generate` copies into it what it ships unchanged.
 CHART := deploy/helm/kvcluster-operator

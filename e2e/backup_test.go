@@ -304,5 +304,5 @@ func TestBackups(t *testing.T) {
 			}
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }

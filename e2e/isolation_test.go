@@ -59,7 +59,7 @@ func TestLocalClusterPodsCannotLeaveTheMachine(t *testing.T) {
 			}
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }
 
 // outsideTargets are real addresses this machine can reach: its default gateway, its resolvers,

@@ -181,7 +181,7 @@ func TestSampleClusterLifecycle(t *testing.T) {
 			_ = cfg.Client().Resources().Delete(ctx, ns)
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }
 
 func get(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster) *kvv1.KVCluster {

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/e2e-framework/pkg/env"
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 	"sigs.k8s.io/e2e-framework/pkg/envfuncs"
+	"sigs.k8s.io/e2e-framework/pkg/types"
 	"sigs.k8s.io/e2e-framework/third_party/kind"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -74,6 +75,18 @@ func TestMain(m *testing.M) {
 	}
 	testenv.Setup(deployOperator)
 	os.Exit(testenv.Run(m))
+}
+
+// testAlongsideOthers tests f at the same time as the other tests that call it (up to go test's
+// -parallel), once the tests that call testenv.Test have run one by one. Most of a test's time is
+// spent waiting (for pods, for the kubelet to sync Secrets, for minute-long schedules), which
+// overlaps well even on two cores. Only a test that changes nothing outside the namespaces it
+// makes, and asserts nothing about the operator as a whole, may call it: the tests that cordon
+// the node (alerts), stop or reconfigure the operator (chaos, the namespaced install) or count
+// what the whole operator did (deletion's lost final backups) run alone.
+func testAlongsideOthers(t *testing.T, f types.Feature) {
+	t.Parallel()
+	testenv.Test(t, f)
 }
 
 // deployOperator installs the operator (CRD, secure-by-default admission policies, RBAC, manager)

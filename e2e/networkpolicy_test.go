@@ -131,5 +131,5 @@ func TestNetworkPolicyAdmitsOnlyWhatTheClusterNeeds(t *testing.T) {
 			}
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }

@@ -128,5 +128,5 @@ func TestBackupsOnAPersistentVolumeClaim(t *testing.T) {
 			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }

@@ -407,7 +407,7 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }
 
 func memberID(k *kvv1.KVCluster, name string) string {

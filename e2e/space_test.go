@@ -348,7 +348,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }
 
 // claimCapacities are the sizes each member's claim has, by name.
@@ -493,5 +493,5 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }

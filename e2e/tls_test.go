@@ -238,7 +238,7 @@ func TestTLSCluster(t *testing.T) {
 			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }
 
 // listening is how every member pod listens, read from its etcd flags, when all pods run the
@@ -423,5 +423,5 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 			_ = cfg.Client().Resources().Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kvc.Namespace}})
 			return ctx
 		}).Feature()
-	testenv.Test(t, f)
+	testAlongsideOthers(t, f)
 }
