@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
@@ -189,7 +191,7 @@ func (e *notOwnedError) Error() string { return e.what + " is not this KVCluster
 
 // applyStatus writes the whole status with server-side apply on the status subresource, unless the
 // status our manager owns already equals it.
-func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) error {
+func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus, now time.Time) error {
 	sac, err := statusApplyConfiguration(st)
 	if err != nil {
 		return fmt.Errorf("status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
@@ -203,6 +205,9 @@ func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *
 	}
 	if err := c.Status().Apply(ctx, desired, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("apply status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
+	}
+	if desired.ResourceVersion != nil { // the API server's answer: the version this write made
+		held.wrote(kvc, *desired.ResourceVersion, now)
 	}
 	return nil
 }
@@ -228,11 +233,29 @@ func statusApplyConfiguration(st kvv1.KVClusterStatus) (*kvv1ac.KVClusterStatusA
 // which its status was found to hold the operator's intent, and the digest of that intent.
 // Comparing through Extract reads the KVCluster's managed fields, on every reconcile of every
 // cluster; a KVCluster that has not changed since, asked for the same status, holds it still. Any
-// change to it gives it a new resource version, and is compared afresh. The zero value is ready.
+// change to it gives it a new resource version, and is compared afresh. It remembers too the
+// version the operator's last status write made, until the cache shows it (behind). The zero
+// value is ready.
 type heldStatuses struct {
 	mu        sync.Mutex
 	byCluster map[types.NamespacedName]heldStatus
+	written   map[types.NamespacedName]ownWrite
 }
+
+// ownWrite is the version of a KVCluster the operator's status write made, and when.
+type ownWrite struct {
+	uid             types.UID
+	resourceVersion string
+	at              time.Time
+}
+
+// cacheLagLimit is how long a KVCluster read older than the operator's last status write to it is
+// taken for a cache that has not caught up yet (a matter of milliseconds); past it, what is read
+// is believed: an API server whose store went back to an older snapshot would never show the write.
+const cacheLagLimit = 10 * time.Second
+
+// cacheCatchUp is when a reconcile that found the cache behind looks again.
+const cacheCatchUp = 200 * time.Millisecond
 
 type heldStatus struct {
 	uid             types.UID
@@ -271,9 +294,41 @@ func (h *heldStatuses) holds(kvc *kvv1.KVCluster, desired any, compare func() bo
 	return true
 }
 
+// wrote remembers the version of kvc that the operator's status write made.
+func (h *heldStatuses) wrote(kvc *kvv1.KVCluster, resourceVersion string, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.written == nil {
+		h.written = map[types.NamespacedName]ownWrite{}
+	}
+	h.written[types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}] = ownWrite{uid: kvc.UID, resourceVersion: resourceVersion, at: now}
+}
+
+// behind reports whether kvc, as read, is older than the version the operator's last status write
+// to it made: the cache has not caught up with that write yet, and what a reconcile would decide
+// on it was decided already (and announced). A version of another object of the same name, one
+// that cannot be ordered, or one still older after cacheLagLimit is not behind.
+func (h *heldStatuses) behind(kvc *kvv1.KVCluster, now time.Time) bool {
+	cluster := types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w, ok := h.written[cluster]
+	if !ok {
+		return false
+	}
+	if w.uid == kvc.UID && now.Sub(w.at) < cacheLagLimit {
+		if order, err := resourceversion.CompareResourceVersion(kvc.ResourceVersion, w.resourceVersion); err == nil && order < 0 {
+			return true
+		}
+	}
+	delete(h.written, cluster) // caught up, or never will
+	return false
+}
+
 // forget drops a cluster that is gone.
 func (h *heldStatuses) forget(cluster types.NamespacedName) {
 	h.mu.Lock()
 	delete(h.byCluster, cluster)
+	delete(h.written, cluster)
 	h.mu.Unlock()
 }

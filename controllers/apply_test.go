@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -80,6 +81,56 @@ func TestHeldStatusesCompareAnythingChanged(t *testing.T) {
 	h.holds(cluster("a", "1"), status(kvv1.PhaseReady), func() bool { compared = true; return true })
 	if !compared {
 		t.Error("a forgotten cluster's status is not compared again")
+	}
+}
+
+// TestACacheIsBehindOnlyUntilItShowsTheOperatorsWrite: a KVCluster read is behind when it is an
+// older version of the same object than the operator's last status write made, for cacheLagLimit
+// at most; once a read is not, the write is forgotten (a later read cannot go back before it).
+func TestACacheIsBehindOnlyUntilItShowsTheOperatorsWrite(t *testing.T) {
+	cluster := func(uid types.UID, version string) *kvv1.KVCluster {
+		kvc := newKVCluster("ns", "kv", 3)
+		kvc.UID, kvc.ResourceVersion = uid, version
+		return kvc
+	}
+	written := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	type read struct {
+		kvc    *kvv1.KVCluster
+		after  time.Duration // since the write
+		behind bool
+	}
+	for _, tc := range []struct {
+		name  string
+		write bool // at resource version 20 of UID a
+		reads []read
+	}{
+		{"nothing written: never behind", false, []read{{cluster("a", "10"), 0, false}}},
+		{"an older version is, until a read shows the write", true, []read{
+			{cluster("a", "10"), 0, true}, {cluster("a", "19"), time.Second, true}, {cluster("a", "20"), time.Second, false},
+			{cluster("a", "10"), time.Second, false}}},
+		{"a newer version (another's write after ours) is not", true, []read{{cluster("a", "25"), 0, false}}},
+		{"another object of the name (re-created) is not", true, []read{{cluster("b", "10"), 0, false}}},
+		{"an older version past cacheLagLimit is not", true, []read{
+			{cluster("a", "10"), cacheLagLimit - time.Millisecond, true}, {cluster("a", "10"), cacheLagLimit, false}}},
+		{"a version that cannot be ordered is not", true, []read{{cluster("a", "x1"), 0, false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h heldStatuses
+			if tc.write {
+				h.wrote(cluster("a", "10"), "20", written)
+			}
+			for i, r := range tc.reads {
+				if got := h.behind(r.kvc, written.Add(r.after)); got != r.behind {
+					t.Errorf("read %d (UID %s, version %s, %s after the write): behind %v, want %v", i, r.kvc.UID, r.kvc.ResourceVersion, r.after, got, r.behind)
+				}
+			}
+		})
+	}
+	var h heldStatuses
+	h.wrote(cluster("a", "10"), "20", written)
+	h.forget(types.NamespacedName{Namespace: "ns", Name: "kv"})
+	if h.behind(cluster("a", "10"), written) {
+		t.Error("a forgotten cluster is still taken as behind")
 	}
 }
 

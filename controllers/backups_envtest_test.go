@@ -501,3 +501,64 @@ func TestBackupNowTakesOneBackupPerToken(t *testing.T) {
 		t.Errorf("a failed request started %v again", names(jobs))
 	}
 }
+
+// cacheBehind reads like the client it wraps, except the KVCluster given, which it serves as it
+// was: a cache that has not yet seen the latest writes to it.
+type cacheBehind struct {
+	client.Client
+	kvc *kvv1.KVCluster
+}
+
+func (c cacheBehind) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if k, ok := obj.(*kvv1.KVCluster); ok && key == client.ObjectKeyFromObject(c.kvc) {
+		c.kvc.DeepCopyInto(k)
+		return nil
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// The next reconcile may start before the cache holds the status the last one wrote (a child's
+// event milliseconds later, as a finished Job's and its pod's are): one that acted on what it
+// read would announce the same backup again and write back a status that is behind. It waits
+// for the cache instead, and then has nothing left to do.
+func TestAReconcileWaitsForTheCacheToHoldTheStatusItWrote(t *testing.T) {
+	h := newHarness(t)
+	ns := h.namespace("behind")
+	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 3), "*/5 * * * *"))
+	slot := h.fresh(kvc).Status.NextBackupTime.Time
+	h.clock.SetTime(slot.Add(10 * time.Second))
+	h.reconcile(kvc)
+	job := &batchv1.Job{}
+	h.get(job, ns, backup.JobName("kv", slot))
+	h.clock.SetTime(slot.Add(30 * time.Second))
+	h.finishJob(job, true, successReport("team/"+ns+"/kv/"+job.Name+".db"))
+	var before kvv1.KVCluster // as the operator's cache holds it until the next reconcile's write
+	if err := h.r.Client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &before); err != nil {
+		t.Fatal(err)
+	}
+	drainEvents(h)
+	h.reconcile(kvc)
+	if ev := drainEvents(h); strings.Count(ev, plan.ReasonBackupCompleted) != 1 {
+		t.Fatalf("events = %q, want BackupCompleted once", ev)
+	}
+
+	upToDate := h.r.Client
+	h.r.Client = cacheBehind{Client: upToDate, kvc: &before}
+	sent := writes.count()
+	res := h.reconcile(kvc)
+	if n := writes.count() - sent; n != 0 {
+		t.Errorf("a reconcile reading the status from before its own write sent %d write requests, want 0: %v", n, writes.last(n))
+	}
+	if ev := drainEvents(h); ev != "" {
+		t.Errorf("a reconcile reading the status from before its own write gave events %q, want none", ev)
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
+		t.Errorf("requeue after %s, want within a second: a cache catches up in milliseconds", res.RequeueAfter)
+	}
+
+	h.r.Client = upToDate
+	h.assertIdle(kvc, "once the cache holds the status written")
+	if ev := drainEvents(h); ev != "" {
+		t.Errorf("events once the cache holds the status written = %q, want none", ev)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -205,10 +206,10 @@ func cachedForm(obj any) any {
 // is read by name).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
 
-// Reconcile reads as a story: load the cluster; hold the deletion finalizer whenever deletion has
-// steps to run; observe everything once (observe.go); decide everything in one pure function
-// (plan.Make); carry the plan out (act.go). A cluster being
-// deleted goes through its deletion steps instead (deletion.go).
+// Reconcile reads as a story: load the cluster (once the cache shows the operator's last status
+// write to it); hold the deletion finalizer whenever deletion has steps to run; observe everything
+// once (observe.go); decide everything in one pure function (plan.Make); carry the plan out
+// (act.go). A cluster being deleted goes through its deletion steps instead (deletion.go).
 func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
 	defer func() {
 		// Only act lowers the queue priority of what comes next, and only for a poll. Everything
@@ -229,6 +230,12 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, countError("load", r.deleteGuard(ctx, req.Namespace, req.Name, ""))
 	} else if err != nil {
 		return ctrl.Result{}, countError("load", err)
+	}
+	if r.heldStatuses.behind(&kvc, r.Clock.Now()) {
+		// Decided on this status, the reconcile would announce again what the last one did, and
+		// write back a status that is behind. Status writes start no reconcile: look again soon.
+		log.FromContext(ctx).V(1).Info("the cache does not hold the operator's last status write yet")
+		return ctrl.Result{RequeueAfter: cacheCatchUp}, nil
 	}
 	if !kvc.DeletionTimestamp.IsZero() {
 		// The final backup and deregistration run first; then the garbage collector removes the owned objects.
