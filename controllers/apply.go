@@ -254,8 +254,12 @@ type ownWrite struct {
 // is believed: an API server whose store went back to an older snapshot would never show the write.
 const cacheLagLimit = 10 * time.Second
 
-// cacheCatchUp is when a reconcile that found the cache behind looks again.
-const cacheCatchUp = 200 * time.Millisecond
+// A reconcile that finds the cache behind its last status write reads the KVCluster again every
+// cacheReread, for up to cacheCatchUp; then it gives way, and looks again after cacheCatchUp.
+const (
+	cacheReread  = 5 * time.Millisecond
+	cacheCatchUp = 250 * time.Millisecond
+)
 
 type heldStatus struct {
 	uid             types.UID

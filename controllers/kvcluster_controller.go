@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -231,7 +232,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	} else if err != nil {
 		return ctrl.Result{}, countError("load", err)
 	}
-	if r.heldStatuses.behind(&kvc, r.Clock.Now()) {
+	if !r.awaitOwnStatusWrite(ctx, &kvc) {
 		// Decided on this status, the reconcile would announce again what the last one did, and
 		// write back a status that is behind. Status writes start no reconcile: look again soon.
 		log.FromContext(ctx).V(1).Info("the cache does not hold the operator's last status write yet")
@@ -258,6 +259,30 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	r.leaders.saw(&kvc, observedLeader(obs))
 	p, _ := timeStep("plan", func() (plan.Plan, error) { return plan.Make(&kvc, obs, now, r.planConfig()), nil })
 	return timeStep("act", func() (ctrl.Result, error) { return r.act(ctx, &kvc, obs, p, now, etcd) })
+}
+
+// awaitOwnStatusWrite reads kvc from the cache again, every few milliseconds for up to
+// cacheCatchUp, while it is older than the version the operator's last status write to it made
+// (heldStatuses.behind); false if it still is. The cache catches up within milliseconds, and a
+// reconcile that waited here keeps its place in the queue, where one requeued would not.
+func (r *KVClusterReconciler) awaitOwnStatusWrite(ctx context.Context, kvc *kvv1.KVCluster) bool {
+	deadline := time.Now().Add(cacheCatchUp)
+	for r.heldStatuses.behind(kvc, r.Clock.Now()) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(cacheReread):
+		}
+		var again kvv1.KVCluster
+		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(kvc), &again); err != nil {
+			return false
+		}
+		*kvc = again
+	}
+	return true
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when
