@@ -191,7 +191,7 @@ func (e *notOwnedError) Error() string { return e.what + " is not this KVCluster
 
 // applyStatus writes the whole status with server-side apply on the status subresource, unless the
 // status our manager owns already equals it.
-func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus, now time.Time) error {
+func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) error {
 	sac, err := statusApplyConfiguration(st)
 	if err != nil {
 		return fmt.Errorf("status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
@@ -207,7 +207,7 @@ func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *
 		return fmt.Errorf("apply status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
 	if desired.ResourceVersion != nil { // the API server's answer: the version this write made
-		held.wrote(kvc, *desired.ResourceVersion, now)
+		held.wrote(kvc, *desired.ResourceVersion, time.Now()) // the cache lags in real time
 	}
 	return nil
 }
@@ -242,7 +242,8 @@ type heldStatuses struct {
 	written   map[types.NamespacedName]ownWrite
 }
 
-// ownWrite is the version of a KVCluster the operator's status write made, and when.
+// ownWrite is the version of a KVCluster the operator's status write made, and when (the time on
+// the wall: the cache lags in real time).
 type ownWrite struct {
 	uid             types.UID
 	resourceVersion string

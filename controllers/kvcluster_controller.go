@@ -3,6 +3,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -221,7 +223,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 	}()
 	var kvc kvv1.KVCluster
-	if err := r.Client.Get(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
+	if err := r.load(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)
 		r.heldStatuses.forget(req.NamespacedName)
 		if slices.Contains(r.Leaving, req.Namespace) {
@@ -229,14 +231,11 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		// Gone without its finalizer (removed by hand): its guard would keep its members for ever.
 		return ctrl.Result{}, countError("load", r.deleteGuard(ctx, req.Namespace, req.Name, ""))
+	} else if errors.Is(err, errCacheBehind) {
+		log.FromContext(ctx).V(1).Info(err.Error())
+		return ctrl.Result{RequeueAfter: cacheCatchUp}, nil // status writes start no reconcile
 	} else if err != nil {
 		return ctrl.Result{}, countError("load", err)
-	}
-	if !r.awaitOwnStatusWrite(ctx, &kvc) {
-		// Decided on this status, the reconcile would announce again what the last one did, and
-		// write back a status that is behind. Status writes start no reconcile: look again soon.
-		log.FromContext(ctx).V(1).Info("the cache does not hold the operator's last status write yet")
-		return ctrl.Result{RequeueAfter: cacheCatchUp}, nil
 	}
 	if !kvc.DeletionTimestamp.IsZero() {
 		// The final backup and deregistration run first; then the garbage collector removes the owned objects.
@@ -261,28 +260,33 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	return timeStep("act", func() (ctrl.Result, error) { return r.act(ctx, &kvc, obs, p, now, etcd) })
 }
 
-// awaitOwnStatusWrite reads kvc from the cache again, every few milliseconds for up to
-// cacheCatchUp, while it is older than the version the operator's last status write to it made
-// (heldStatuses.behind); false if it still is. The cache catches up within milliseconds, and a
-// reconcile that waited here keeps its place in the queue, where one requeued would not.
-func (r *KVClusterReconciler) awaitOwnStatusWrite(ctx context.Context, kvc *kvv1.KVCluster) bool {
+// errCacheBehind: the cache still holds an older KVCluster than the operator's last status write to it made.
+var errCacheBehind = errors.New("the cache does not hold the operator's last status write yet")
+
+// load reads the KVCluster from the cache; while it is older than the version the operator's last
+// status write to it made (heldStatuses.behind), again every cacheReread, for up to cacheCatchUp
+// (then errCacheBehind). Decided on an older status, a reconcile would announce again what the
+// last one did and write back a status that is behind. The cache catches up within milliseconds,
+// and a reconcile that waits here keeps its place in the queue, where one requeued would not.
+func (r *KVClusterReconciler) load(ctx context.Context, key types.NamespacedName, kvc *kvv1.KVCluster) error {
 	deadline := time.Now().Add(cacheCatchUp)
-	for r.heldStatuses.behind(kvc, r.Clock.Now()) {
+	for {
+		*kvc = kvv1.KVCluster{}
+		if err := r.Client.Get(ctx, key, kvc); err != nil {
+			return err
+		}
+		if !kvc.DeletionTimestamp.IsZero() || !r.heldStatuses.behind(kvc, time.Now()) {
+			return nil // (finalize reads a KVCluster being deleted afresh from the API server)
+		}
 		if time.Now().After(deadline) {
-			return false
+			return errCacheBehind
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return ctx.Err()
 		case <-time.After(cacheReread):
 		}
-		var again kvv1.KVCluster
-		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(kvc), &again); err != nil {
-			return false
-		}
-		*kvc = again
 	}
-	return true
 }
 
 // SetupWithManager registers the reconciler. The KVCluster itself triggers a reconcile only when

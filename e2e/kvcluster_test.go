@@ -209,10 +209,23 @@ func waitReady(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1
 	if err != nil {
 		got := get(ctx, t, cfg, kvc)
 		describe, _ := kubectl(cfg, "-n", kvc.Namespace, "describe", "pods")
-		logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--tail=40")
-		t.Fatalf("KVCluster %s/%s not Ready within %s: %v\nstatus: %+v\npods:\n%s\noperator logs:\n%s",
-			kvc.Namespace, kvc.Name, timeout, err, got.Status, describe, logs)
+		logs := operatorLogAbout(cfg, kvc.Namespace, timeout)
+		t.Fatalf("KVCluster %s/%s not Ready within %s: %v\nstatus: %+v\npods:\n%s\noperator, about this namespace (last 40 lines):\n%s",
+			kvc.Namespace, kvc.Name, timeout, err, got.Status, describe, strings.Join(logs[max(0, len(logs)-40):], "\n"))
 	}
+}
+
+// operatorLogAbout are the lines the operator logged about namespace ns in the last while: other
+// tests' clusters log too, as tests run alongside each other.
+func operatorLogAbout(cfg *envconf.Config, ns string, while time.Duration) []string {
+	logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--since="+while.String())
+	var about []string
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, `"namespace":"`+ns+`"`) {
+			about = append(about, line)
+		}
+	}
+	return about
 }
 
 // etcdctl runs etcdctl in a member's container; when the member serves TLS (new clusters have it

@@ -155,13 +155,7 @@ func stopWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv
 func stuckMembers(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) string {
 	t.Helper()
 	events, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "events", "--sort-by=.lastTimestamp")
-	logs, _ := kubectl(cfg, "-n", operatorNamespace, "logs", "deploy/"+operatorDeployment, "--since=8m")
-	var operator []string
-	for _, line := range strings.Split(logs, "\n") {
-		if strings.Contains(line, `"namespace":"`+kvc.Namespace+`"`) {
-			operator = append(operator, line)
-		}
-	}
+	operator := operatorLogAbout(cfg, kvc.Namespace, 8*time.Minute)
 	pods, _ := kubectl(cfg, "-n", kvc.Namespace, "get", "pods,pvc", "-o", "wide")
 	out := fmt.Sprintf("events:\n%s\noperator, about this cluster:\n%s\n%s", events, strings.Join(operator, "\n"), pods)
 	for _, name := range slices.Sorted(maps.Keys(memberPods(ctx, t, cfg, kvc))) {
