@@ -143,6 +143,19 @@ func (h *harness) finishJob(job *batchv1.Job, succeeded bool, report string) {
 	}
 }
 
+// backUpSlot plays a slot's backup through: the reconcile 10 s into the slot starts its Job,
+// which succeeds 20 s later (not yet recorded).
+func (h *harness) backUpSlot(kvc *kvv1.KVCluster, slot time.Time) *batchv1.Job {
+	h.t.Helper()
+	h.clock.SetTime(slot.Add(10 * time.Second))
+	h.reconcile(kvc)
+	job := &batchv1.Job{}
+	h.get(job, kvc.Namespace, backup.JobName(kvc.Name, slot))
+	h.clock.SetTime(slot.Add(30 * time.Second))
+	h.finishJob(job, true, successReport("team/"+kvc.Namespace+"/"+kvc.Name+"/"+job.Name+".db"))
+	return job
+}
+
 func successReport(key string) string {
 	out, _ := json.Marshal(backup.Result{Location: "s3://backups/" + key, Size: 20480, SHA256: strings.Repeat("ab", 32), Revision: 42, EtcdVersion: "3.7.3",
 		Pruned: []string{"team/old-1.db", "team/old-2.db"}})
@@ -213,12 +226,7 @@ func TestScheduledBackupsStartOneJobPerSlotAndRecordSuccessOnly(t *testing.T) {
 
 	// The next slot's backup succeeds: lastBackupTime is its completion, the record has its details.
 	next := slot.Add(5 * time.Minute)
-	h.clock.SetTime(next.Add(10 * time.Second))
-	h.reconcile(kvc)
-	job2 := &batchv1.Job{}
-	h.get(job2, ns, backup.JobName("kv", next))
-	h.clock.SetTime(next.Add(30 * time.Second))
-	h.finishJob(job2, true, successReport("team/"+ns+"/kv/"+job2.Name+".db"))
+	job2 := h.backUpSlot(kvc, next)
 	h.reconcile(kvc)
 	got = h.fresh(kvc)
 	if got.Status.LastBackupTime == nil || !got.Status.LastBackupTime.Time.Equal(next.Add(30*time.Second).Truncate(time.Second)) {
@@ -528,13 +536,7 @@ func TestAReconcileWaitsForTheCacheToHoldTheStatusItWrote(t *testing.T) {
 	h := newHarness(t)
 	ns := h.namespace("behind")
 	kvc := h.readyCluster(withBackups(newKVCluster(ns, "kv", 3), "*/5 * * * *"))
-	slot := h.fresh(kvc).Status.NextBackupTime.Time
-	h.clock.SetTime(slot.Add(10 * time.Second))
-	h.reconcile(kvc)
-	job := &batchv1.Job{}
-	h.get(job, ns, backup.JobName("kv", slot))
-	h.clock.SetTime(slot.Add(30 * time.Second))
-	h.finishJob(job, true, successReport("team/"+ns+"/kv/"+job.Name+".db"))
+	h.backUpSlot(kvc, h.fresh(kvc).Status.NextBackupTime.Time)
 	var before kvv1.KVCluster // as the operator's cache holds it until the next reconcile's write
 	if err := h.r.Client.Get(context.Background(), client.ObjectKeyFromObject(kvc), &before); err != nil {
 		t.Fatal(err)
