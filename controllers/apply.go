@@ -255,13 +255,6 @@ type ownWrite struct {
 // is believed: an API server whose store went back to an older snapshot would never show the write.
 const cacheLagLimit = 10 * time.Second
 
-// A reconcile that finds the cache behind its last status write reads the KVCluster again every
-// cacheReread, for up to cacheCatchUp; then it gives way, and looks again after cacheCatchUp.
-const (
-	cacheReread  = 5 * time.Millisecond
-	cacheCatchUp = 250 * time.Millisecond
-)
-
 type heldStatus struct {
 	uid             types.UID
 	resourceVersion string

@@ -260,7 +260,14 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	return timeStep("act", func() (ctrl.Result, error) { return r.act(ctx, &kvc, obs, p, now, etcd) })
 }
 
-// errCacheBehind: the cache still holds an older KVCluster than the operator's last status write to it made.
+// A reconcile that finds the cache behind its last status write reads the KVCluster again every
+// cacheReread, for up to cacheCatchUp; then it gives way (errCacheBehind), and looks again after
+// cacheCatchUp.
+const (
+	cacheReread  = 5 * time.Millisecond
+	cacheCatchUp = 250 * time.Millisecond
+)
+
 var errCacheBehind = errors.New("the cache does not hold the operator's last status write yet")
 
 // load reads the KVCluster from the cache; while it is older than the version the operator's last
