@@ -4,11 +4,15 @@ FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
+# The Makefile reads every pinned version from versions.env.
 COPY Makefile ./
+COPY e2e/localcluster/versions.env e2e/localcluster/
 COPY apis/ apis/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY backup/ backup/
+# The operator embeds its own manifests (deploy/manager, deploy/rbac).
+COPY deploy/ deploy/
 RUN make build
 
 FROM gcr.io/distroless/static:nonroot
