@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The project's own Docker engine (Debian's docker.io), for machines where images cannot be
-# pulled: it builds the project's Dockerfiles on local stand-ins for their base images (and runs
-# kind for `make e2e`). Isolated: its own data, sockets and configuration; no default bridge, no
-# iptables rules, no IP forwarding or masquerading, so nothing it runs reaches past this machine.
+# pulled: it builds the project's Dockerfiles on local stand-ins for their base images, and runs
+# kind for `make e2e` (KVC_LOCAL_DOCKER=1). Isolated: its own data, sockets and configuration;
+# dockerd makes no default bridge and no iptables rules, forwarding or masquerading; kind's nodes
+# join a network made here (network_up) whose bridge forwards nothing past itself: nothing they
+# run reaches past this machine.
 #
 #   docker.sh up          start it (idempotent)
 #   docker.sh down        stop it and every container, unmount and remove its run folder; the
 #                         images stay in the cache for the next run (idempotent)
 #   docker.sh docker ARG...  runs the docker client of the same package against it
-#   docker.sh env         prints `export DOCKER_HOST=...` for a shell: eval "$(docker.sh env)"
+#   docker.sh env         prints what a shell needs to use it: eval "$(docker.sh env)" sets
+#                         DOCKER_HOST and puts its client first on PATH as `docker` (for kind)
 #   docker.sh stand-ins   give the engine the base images the Dockerfiles start from, made here
 #                         (see make_stand_ins), unless it has images of those names already
-#   docker.sh check       run a privileged container (as kind's nodes are) and an unprivileged
-#                         one on the Go image, each without a network: fails unless both run
+#   docker.sh debian      give the engine a Debian rootfs image (debian_image); prints its name
+#   docker.sh check       run a privileged container (as kind's nodes are), a privileged exec (as
+#                         kind's commands are) and an unprivileged one: fails unless all run
 #   docker.sh status      exit 0 when the engine answers
 #
 # Its images live in the cache ($KVC_CACHE, else ~/.cache/kvcluster-operator) under docker/.
@@ -30,6 +34,15 @@ DOCKER_CLI=/usr/bin/docker
 GO_IMAGE=golang:1.26
 STATIC_IMAGE=gcr.io/distroless/static:nonroot
 STAND_IN_LABEL=io.kvcluster.stand-in
+# The network kind's nodes join (KIND_EXPERIMENTAL_DOCKER_NETWORK, which kind reuses as it is):
+# made here on a bridge of a known name and range, so the firewall can keep it to this machine.
+KIND_NETWORK=kvc-kind
+KIND_BRIDGE=kvckind0
+KIND_SUBNET=10.246.0.0/24
+CHAIN=KVC-DOCKER-ISOLATION
+# The Debian rootfs the stand-ins and the kind node image start from (made here).
+DEBIAN_SUITE=bookworm
+DEBIAN_IMAGE=kvcluster.io/debian:$DEBIAN_SUITE
 
 log() { echo "[docker $(date +%H:%M:%S)] $*" >&2; }
 die() { echo "docker.sh ${action:-}: $*" >&2; exit 1; }
@@ -59,7 +72,9 @@ up() {
   check_prereqs
   answers && return 0
   down_quietly
-  mkdir -p "$RUN" "$DATA/data"
+  mkdir -p "$RUN/bin" "$DATA/data"
+  # `docker` for programs that run it from PATH (kind): the client matching this engine.
+  ln -sf "$DOCKER_CLI" "$RUN/bin/docker"
   # An empty configuration: the machine's /etc/docker/daemon.json is for its own engine, if any.
   echo '{}' >"$RUN/daemon.json"
   log "starting dockerd (data in $DATA/data, log $DATA/dockerd.log)"
@@ -70,12 +85,32 @@ up() {
     >"$DATA/dockerd.log" 2>&1 </dev/null &
   local i
   for i in $(seq 60); do
-    answers && { log "dockerd is up"; return 0; }
+    answers && { network_up; log "dockerd is up"; return 0; }
     kill -0 $! 2>/dev/null || break
     sleep 0.5
   done
   tail -20 "$DATA/dockerd.log" >&2 || true
   die "dockerd did not answer on $SOCK within 30s (log: $DATA/dockerd.log)"
+}
+
+# network_up makes the network kind's nodes join, and keeps what enters it from the nodes to
+# it: forwarded only between its own ports, never on (the machine answers the nodes itself, and
+# reaches them through it and docker-proxy's published ports).
+network_up() {
+  docker network inspect "$KIND_NETWORK" >/dev/null 2>&1 ||
+    docker network create -d bridge --subnet "$KIND_SUBNET" -o "com.docker.network.bridge.name=$KIND_BRIDGE" \
+      -o com.docker.network.bridge.enable_ip_masquerade=false "$KIND_NETWORK" >/dev/null
+  iptables -t mangle -N "$CHAIN" 2>/dev/null || iptables -t mangle -F "$CHAIN"
+  iptables -t mangle -A "$CHAIN" -i "$KIND_BRIDGE" -o "$KIND_BRIDGE" -j RETURN
+  iptables -t mangle -A "$CHAIN" -i "$KIND_BRIDGE" -j DROP
+  iptables -t mangle -A "$CHAIN" -o "$KIND_BRIDGE" -j DROP
+  iptables -t mangle -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -t mangle -I FORWARD 1 -j "$CHAIN"
+}
+
+network_down() {
+  while iptables -t mangle -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
+  iptables -t mangle -F "$CHAIN" 2>/dev/null || true
+  iptables -t mangle -X "$CHAIN" 2>/dev/null || true
 }
 
 down_quietly() {
@@ -96,6 +131,7 @@ down_quietly() {
     umount -l "$m" 2>/dev/null || true
   done
   [ -d "$RUN" ] && rm -rf -- "${RUN:?}"
+  network_down
   return 0
 }
 
@@ -115,93 +151,103 @@ debian_mirror() {
   echo "$uri"
 }
 
-# make_stand_ins makes, for each base image the Dockerfiles start from that the engine lacks and
-# cannot pull, a local stand-in under the same name, labelled $STAND_IN_LABEL so it is never
-# taken for the real one (`docker image inspect`):
-#   golang:1.26 — a Debian rootfs (debootstrap, minbase, with make and CA certificates) holding
-#     this machine's Go toolchain (which must be 1.26), GOPATH=/go and GOTOOLCHAIN=local as in the
-#     official image;
-#   gcr.io/distroless/static:nonroot — no shell or package manager: CA certificates, time zones,
-#     /etc/passwd with root, nobody and nonroot (65532), /tmp, running as 65532 in /home/nonroot.
-# Both carry this machine's CA bundle (what `go mod download` needs to reach the module proxy
-# through this machine's network).
-make_stand_ins() {
-  local used
-  used=$(cat "$here/../../Dockerfile" "$here"/../*.Dockerfile | awk '$1 == "FROM" {print $2}' | sort -u)
-  local image
-  for image in $used; do
-    case $image in "$GO_IMAGE" | "$STATIC_IMAGE") ;; *) die "a Dockerfile starts from $image, which has no stand-in here" ;; esac
-  done
-  local want=()
-  for image in $used; do
-    docker image inspect "$image" >/dev/null 2>&1 && continue
-    # The real image when a registry answers; a stand-in only when it cannot be pulled.
-    docker pull -q "$image" >/dev/null 2>&1 && { log "pulled $image"; continue; }
-    want+=("$image")
-  done
-  [ ${#want[@]} -eq 0 ] && return 0
+# debian_image gives the engine $DEBIAN_IMAGE unless it has it: a Debian rootfs made with
+# debootstrap (minbase, with make, CA certificates and time zones) from the machine's mirror,
+# holding the machine's CA bundle (what reaching the Go module proxy through this machine's
+# network needs). The stand-ins and the kind node image start from it.
+debian_image() {
+  docker image inspect "$DEBIAN_IMAGE" >/dev/null 2>&1 && return 0
   command -v debootstrap >/dev/null || {
     log "installing Debian's debootstrap"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap; } \
       >"$DATA/apt.log" 2>&1 || die "could not install debootstrap; see $DATA/apt.log"
   }
-  local work; work=$(mktemp -d "$DATA/.stand-ins.XXXXXX")
-  # shellcheck disable=SC2064 # the folder is known now
-  trap "rm -rf -- '$work'" EXIT
-  local mirror suite=bookworm start=$SECONDS
+  local work mirror start=$SECONDS
+  work=$(mktemp -d "$DATA/.debian.XXXXXX")
   mirror=$(debian_mirror)
-  log "debootstrap $suite from $mirror (minbase, make, ca-certificates, tzdata)"
-  debootstrap --variant=minbase --include=make,ca-certificates,tzdata "$suite" "$work/rootfs" "$mirror" \
-    >"$DATA/debootstrap.log" 2>&1 || die "debootstrap failed; see $DATA/debootstrap.log"
+  log "$DEBIAN_IMAGE: debootstrap $DEBIAN_SUITE from $mirror (minbase, make, ca-certificates, tzdata)"
+  debootstrap --variant=minbase --include=make,ca-certificates,tzdata "$DEBIAN_SUITE" "$work/rootfs" "$mirror" \
+    >"$DATA/debootstrap.log" 2>&1 || { rm -rf -- "$work"; die "debootstrap failed; see $DATA/debootstrap.log"; }
   cp /etc/ssl/certs/ca-certificates.crt "$work/rootfs/etc/ssl/certs/ca-certificates.crt"
-  log "rootfs in $((SECONDS - start))s"
-  for image in "${want[@]}"; do
+  tar -C "$work/rootfs" -c . | docker import \
+    --change "LABEL $STAND_IN_LABEL=\"debootstrap $DEBIAN_SUITE --variant=minbase, made by e2e/localcluster/docker.sh\"" \
+    - "$DEBIAN_IMAGE" >/dev/null
+  rm -rf -- "$work"
+  log "$DEBIAN_IMAGE in $((SECONDS - start))s"
+}
+
+# make_stand_ins makes, for each base image the Dockerfiles start from that the engine lacks and
+# cannot pull, a local stand-in under the same name, labelled $STAND_IN_LABEL so it is never
+# taken for the real one (`docker image inspect`), from $DEBIAN_IMAGE:
+#   golang:1.26 — this machine's Go toolchain (which must be 1.26) in /usr/local/go, GOPATH=/go
+#     and GOTOOLCHAIN=local as in the official image;
+#   gcr.io/distroless/static:nonroot — no shell or package manager: CA certificates, time zones,
+#     /etc/passwd with root, nobody and nonroot (65532), /tmp, running as 65532 in /home/nonroot.
+make_stand_ins() {
+  local used image
+  used=$(cat "$here/../../Dockerfile" "$here"/../*.Dockerfile | awk '$1 == "FROM" {print $2}' | sort -u)
+  for image in $used; do
+    case $image in "$GO_IMAGE" | "$STATIC_IMAGE") ;; *) die "a Dockerfile starts from $image, which has no stand-in here" ;; esac
+  done
+  for image in $used; do
+    docker image inspect "$image" >/dev/null 2>&1 && continue
+    # The real image when a registry answers; a stand-in only when it cannot be pulled.
+    docker pull -q "$image" >/dev/null 2>&1 && { log "pulled $image"; continue; }
+    debian_image
     case $image in
-      "$GO_IMAGE") go_stand_in "$work" ;;
-      "$STATIC_IMAGE") static_stand_in "$work" ;;
+      "$GO_IMAGE") go_stand_in ;;
+      "$STATIC_IMAGE") static_stand_in ;;
     esac
   done
 }
 
 go_stand_in() {
-  local work=$1 goroot version
-  goroot=$(go env GOROOT) version=$(go env GOVERSION)
+  local version work
+  version=$(go env GOVERSION)
   case $version in "go${GO_IMAGE#golang:}" | "go${GO_IMAGE#golang:}".*) ;; *)
     die "$GO_IMAGE's stand-in holds this machine's Go, which is $version" ;;
   esac
   log "$GO_IMAGE: stand-in with $version"
-  mkdir -p "$work/rootfs/usr/local/go" "$work/rootfs/go/bin"
-  cp -a "$goroot/." "$work/rootfs/usr/local/go/"
-  tar -C "$work/rootfs" -c . | docker import \
-    --change "ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-    --change "ENV GOLANG_VERSION=${version#go}" --change "ENV GOPATH=/go" --change "ENV GOTOOLCHAIN=local" \
-    --change "WORKDIR /go" --change "LABEL $STAND_IN_LABEL=\"debootstrap $suite with $version, made by e2e/localcluster/docker.sh\"" \
-    - "$GO_IMAGE" >/dev/null
-  rm -rf -- "$work/rootfs/usr/local/go" "$work/rootfs/go"
+  work=$(mktemp -d "$DATA/.go.XXXXXX")
+  cp -a "$(go env GOROOT)" "$work/go"
+  printf '%s\n' "FROM $DEBIAN_IMAGE" "COPY go /usr/local/go" \
+    "ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+    "ENV GOLANG_VERSION=${version#go} GOPATH=/go GOTOOLCHAIN=local" "RUN mkdir -p /go/bin" "WORKDIR /go" \
+    "LABEL $STAND_IN_LABEL=\"$DEBIAN_IMAGE with $version, made by e2e/localcluster/docker.sh\"" >"$work/Dockerfile"
+  docker build -q --network none --force-rm -t "$GO_IMAGE" "$work" >/dev/null || { rm -rf -- "$work"; die "$GO_IMAGE's stand-in did not build"; }
+  rm -rf -- "$work"
 }
 
 static_stand_in() {
-  local work=$1 root=$1/static
+  local work root cid
   log "$STATIC_IMAGE: stand-in"
+  work=$(mktemp -d "$DATA/.static.XXXXXX") root=$work/root
   mkdir -p "$root/etc/ssl/certs" "$root/usr/share" "$root/tmp" "$root/home/nonroot"
-  cp "$work/rootfs/etc/ssl/certs/ca-certificates.crt" "$root/etc/ssl/certs/"
-  cp -a "$work/rootfs/usr/share/zoneinfo" "$root/usr/share/"
+  cid=$(docker create "$DEBIAN_IMAGE" true)
+  docker cp "$cid:/etc/ssl/certs/ca-certificates.crt" "$root/etc/ssl/certs/"
+  docker cp "$cid:/usr/share/zoneinfo" "$root/usr/share/"
+  docker rm "$cid" >/dev/null
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$root/etc/passwd"
   printf 'root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n' >"$root/etc/group"
   chmod 1777 "$root/tmp"
   chown 65532:65532 "$root/home/nonroot"
   tar -C "$root" -c . | docker import --change "USER 65532" --change "WORKDIR /home/nonroot" \
     --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" \
-    --change "LABEL $STAND_IN_LABEL=\"CA certificates and time zones from debootstrap $suite, made by e2e/localcluster/docker.sh\"" \
+    --change "LABEL $STAND_IN_LABEL=\"CA certificates and time zones of $DEBIAN_IMAGE, made by e2e/localcluster/docker.sh\"" \
     - "$STATIC_IMAGE" >/dev/null
+  rm -rf -- "$work"
 }
 
 # check runs what kind's node containers need of the engine (privileged, every capability this
-# machine allows) and an ordinary container, each printing its effective capabilities.
+# machine allows; a privileged exec in a running container) and an ordinary container.
 check() {
-  local privileged plain
+  local privileged plain cid
   privileged=$(docker run --rm --network none --privileged --entrypoint sh "$GO_IMAGE" -c 'grep CapEff /proc/self/status') ||
     die "a privileged container does not run (see $DATA/dockerd.log)"
+  # kind runs its commands in a node with `docker exec --privileged`.
+  cid=$(docker run -d --rm --network none --entrypoint sleep "$GO_IMAGE" 60)
+  docker exec --privileged "$cid" true || { docker rm -f "$cid" >/dev/null; die "docker exec --privileged does not run (see $DATA/dockerd.log)"; }
+  docker rm -f "$cid" >/dev/null
   plain=$(docker run --rm --network none --entrypoint sh "$GO_IMAGE" -c 'grep CapEff /proc/self/status') ||
     die "a container does not run (see $DATA/dockerd.log)"
   log "privileged container: $privileged; unprivileged: $plain"
@@ -212,9 +258,10 @@ case $action in
   up) up ;;
   down) down ;;
   docker) shift; exec env DOCKER_HOST="unix://$SOCK" "$DOCKER_CLI" "$@" ;;
-  env) echo "export DOCKER_HOST=unix://$SOCK" ;;
+  env) echo "export DOCKER_HOST=unix://$SOCK PATH=$RUN/bin:\$PATH KIND_EXPERIMENTAL_DOCKER_NETWORK=$KIND_NETWORK" ;;
   stand-ins) answers || die "dockerd is not up (docker.sh up)"; make_stand_ins ;;
+  debian) answers || die "dockerd is not up (docker.sh up)"; debian_image; echo "$DEBIAN_IMAGE" ;;
   check) answers || die "dockerd is not up (docker.sh up)"; check ;;
   status) answers ;;
-  *) echo "usage: $0 up|down|docker ARG...|env|stand-ins|check|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|docker ARG...|env|stand-ins|debian|check|status" >&2; exit 2 ;;
 esac
