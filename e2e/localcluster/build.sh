@@ -4,7 +4,8 @@
 #
 #   build.sh [component ...]     components: kubernetes kube-apiserver kubectl ... etcd-3.6.16
 #                                etcd-3.7.3 coredns versitygw prometheus kwok kube-router helm
-#                                gitops-crds envtest all
+#                                gitops-crds envtest all; for the kind node image only (not in
+#                                all): kubeadm crictl
 #                                (default: all)
 #   build.sh --print-dir NAME    prints the cache bin dir of NAME (kubernetes, etcd-3.7.3, ...)
 #
@@ -25,7 +26,8 @@ bindir() {
     # before kube-*: not a Kubernetes component
     kube-router) echo "$cache/kube-router-$KUBE_ROUTER_VERSION/bin" ;;
     kubernetes | kube-*) echo "$cache/kubernetes-$KUBERNETES_VERSION/bin" ;;
-    kubectl | kubelet) echo "$cache/kubernetes-$KUBERNETES_VERSION/bin" ;;
+    kubectl | kubelet | kubeadm) echo "$cache/kubernetes-$KUBERNETES_VERSION/bin" ;;
+    crictl) echo "$cache/crictl-$CRICTL_VERSION/bin" ;;
     etcd-*) echo "$cache/etcd-v${1#etcd-}/bin" ;;
     # tools/coredns picks the plugins: its files are part of the key, a full build is not it
     coredns) echo "$cache/coredns-$COREDNS_VERSION-$(cat "$here/tools/coredns/main.go" "$here/tools/coredns/go.sum" | sha256sum | cut -c1-12)/bin" ;;
@@ -172,7 +174,10 @@ build() {
       ln -sfn "$(bindir "etcd-${ETCD_VERSIONS[-1]}")/etcd" "$assets/etcd" ;;
     kubernetes) build_kube "${KUBE_COMMANDS[@]}" ;;
     kube-router) build_install kube-router "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" ;;
-    kube-* | kubectl | kubelet) build_kube "$1" ;;
+    # kubeadm sets up the kind node image's control plane (kind-node.sh); nothing else uses it
+    kube-* | kubectl | kubelet | kubeadm) build_kube "$1" ;;
+    # crictl: the kind node image's CRI client (kind runs it to load images)
+    crictl) build_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION" ;;
     etcd-*) build_etcd "${1#etcd-}" ;;
     coredns) build_coredns ;;
     versitygw) build_install versitygw "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" ;;
