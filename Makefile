@@ -10,6 +10,12 @@ BUILD_TOOLS := e2e/localcluster/build.sh
 CLUSTER := e2e/localcluster/cluster.sh
 # The project's own Docker engine, isolated, for building the Dockerfiles where nothing can be pulled.
 DOCKER_SH := e2e/localcluster/docker.sh
+# A build on that engine, $(call local_docker_build,TAG,ARGS): on the host's network, which the
+# build's `go mod download` needs (the engine has no bridge of its own); the first stage (each
+# Dockerfile here names it build) is tagged TAG-build as well, so that pruning what superseded
+# builds leave (GBs of modules and build cache each) keeps the layers the next build reuses.
+local_docker_build = $(DOCKER_SH) docker build --network host --force-rm --target build -t $(1)-build $(2) && \
+  $(DOCKER_SH) docker build --network host --force-rm -t $(1) $(2)
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kvcluster-operator
 IMAGE ?= ghcr.io/kvcluster/kvcluster-operator:dev
 KIND_CLUSTER ?= kvcluster-e2e
@@ -91,10 +97,7 @@ images-local: build ## pack the operator and etcd images without Docker and impo
 .PHONY: image-dockerfile-local
 image-dockerfile-local: ## build the operator image with the Dockerfile on the project's own Docker engine (base images it cannot pull: stand-ins made here) and import it into the local cluster
 	$(DOCKER_SH) up
-	@# --network host: the build's `go mod download` reaches the module proxy as this machine does
-	@# (the engine has no bridge of its own). The build stages left behind (GBs of modules and
-	@# build cache) are pruned; the images tagged (the operator, the stand-ins) stay.
-	status=0; { $(DOCKER_SH) stand-ins && $(DOCKER_SH) check && $(DOCKER_SH) docker build --network host --force-rm -t $(IMAGE) . && \
+	status=0; { $(DOCKER_SH) stand-ins && $(DOCKER_SH) check && $(call local_docker_build,$(IMAGE),.) && \
 	  mkdir -p $(CACHE_DIR)/dockerfile-images && $(DOCKER_SH) docker save -o $(CACHE_DIR)/dockerfile-images/operator.tar $(IMAGE); } || status=$$?; \
 	  $(DOCKER_SH) docker image prune -f >/dev/null || status=$$?; $(DOCKER_SH) down; exit $$status
 	$(CLUSTER) import $(CACHE_DIR)/dockerfile-images/operator.tar
@@ -222,11 +225,39 @@ e2e-local: ## e2e on the project's local cluster: up, import images (the operato
 e2e-kubeconfig: ## e2e on an existing cluster: make e2e-kubeconfig KUBECONFIG=... (the operator image must be available there)
 	KUBECTL=$(KUBECTL) go test -tags e2e $(E2E_FLAGS) ./e2e/ -args --kubeconfig=$${KUBECONFIG:?set KUBECONFIG}
 
+# KVC_LOCAL_DOCKER=1: `make e2e` pulls nothing. It runs on the project's own Docker engine
+# (e2e/localcluster/docker.sh), on images built here: the Dockerfiles' base images where they
+# cannot be pulled (stand-ins), the kind node image (kind-node.sh) and the etcd images (images.sh).
+ifeq ($(KVC_LOCAL_DOCKER),1)
+docker_build = $(call local_docker_build,$(1),$(2))
+KIND_LOCAL_ENV = eval "$$($(DOCKER_SH) env)" && node=$$(e2e/localcluster/kind-node.sh) && export E2E_KIND_NODE_IMAGE=$$node \
+  E2E_KIND_IMAGE_ARCHIVES=$(CACHE_DIR)/images/etcd-v$(ETCD_VERSION).tar:$(CACHE_DIR)/images/etcd-v$(ETCD_PREVIOUS_VERSION).tar &&
+else
+docker_build = docker build -t $(1) $(2)
+endif
+
 .PHONY: e2e
-e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, creates a kind cluster, loads it, runs the suite
+e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, creates a kind cluster, loads it, runs the suite (KVC_LOCAL_DOCKER=1: pulls nothing, see above)
 	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
-	docker build -t $(IMAGE) .
-	docker build -t kvcluster.io/versitygw:dev --build-arg VERSITYGW_VERSION=$(VERSITYGW_VERSION) -f e2e/s3.Dockerfile e2e
-	docker build -t kvcluster.io/writer:dev -f e2e/writer.Dockerfile .
-	docker build -t kvcluster.io/prometheus:dev --build-arg PROMETHEUS_VERSION=$(PROMETHEUS_VERSION) -f e2e/prometheus.Dockerfile e2e
-	PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) go test -tags e2e $(E2E_FLAGS) ./e2e/
+ifeq ($(KVC_LOCAL_DOCKER),1)
+	$(DOCKER_SH) up
+	$(DOCKER_SH) stand-ins
+	$(DOCKER_SH) check
+	$(MAKE) --no-print-directory build
+	e2e/localcluster/images.sh $(CACHE_DIR)/images $(IMAGE) bin/kvcluster-operator
+endif
+	$(call docker_build,$(IMAGE),.)
+	$(call docker_build,kvcluster.io/versitygw:dev,--build-arg VERSITYGW_VERSION=$(VERSITYGW_VERSION) -f e2e/s3.Dockerfile e2e)
+	$(call docker_build,kvcluster.io/writer:dev,-f e2e/writer.Dockerfile .)
+	$(call docker_build,kvcluster.io/prometheus:dev,--build-arg PROMETHEUS_VERSION=$(PROMETHEUS_VERSION) -f e2e/prometheus.Dockerfile e2e)
+ifeq ($(KVC_LOCAL_DOCKER),1)
+	$(DOCKER_SH) docker image prune -f >/dev/null
+endif
+	status=0; $(KIND_LOCAL_ENV) PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) \
+	  go test -tags e2e $(E2E_FLAGS) ./e2e/ || status=$$?; \
+	  $(if $(filter 1,$(KVC_LOCAL_DOCKER)),$(DOCKER_SH) down;) exit $$status
+
+.PHONY: e2e-kind-smoke
+e2e-kind-smoke: ## what CI runs of `make e2e` (KVC_LOCAL_DOCKER=1): the sample's lifecycle, and backups to S3 and to a claim (their Jobs, restores' init containers)
+	$(MAKE) --no-print-directory e2e KVC_LOCAL_DOCKER=1 \
+	  E2E_FLAGS='-count=1 -v -timeout=20m -parallel=4 -run "^(TestOperatorIsDeployed|TestSampleClusterLifecycle|TestBackups)"'

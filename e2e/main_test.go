@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 	"sigs.k8s.io/e2e-framework/pkg/envfuncs"
 	"sigs.k8s.io/e2e-framework/pkg/types"
+	"sigs.k8s.io/e2e-framework/support"
 	"sigs.k8s.io/e2e-framework/third_party/kind"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -61,13 +62,24 @@ func TestMain(m *testing.M) {
 
 	if name := os.Getenv("E2E_KIND_CLUSTER"); name != "" && cfg.KubeconfigFile() == "" {
 		image := envOr("OPERATOR_IMAGE", defaultImage)
-		testenv.Setup(
-			envfuncs.CreateClusterWithConfig(kind.NewProvider(), name, "kind-config.yaml"),
+		// Where kind's images cannot be pulled, `make e2e` builds a node image and packs the etcd
+		// images here (KVC_LOCAL_DOCKER=1): E2E_KIND_NODE_IMAGE names the one, E2E_KIND_IMAGE_ARCHIVES
+		// the others' tarballs (a PATH-style list).
+		var opts []support.ClusterOpts
+		if node := os.Getenv("E2E_KIND_NODE_IMAGE"); node != "" {
+			opts = append(opts, kind.WithImage(node))
+		}
+		setup := []env.Func{
+			envfuncs.CreateClusterWithConfig(kind.NewProvider(), name, "kind-config.yaml", opts...),
 			envfuncs.LoadImageToCluster(name, image),
 			envfuncs.LoadImageToCluster(name, "kvcluster.io/versitygw:dev"),
 			envfuncs.LoadImageToCluster(name, writerImage),
 			envfuncs.LoadImageToCluster(name, prometheusImage),
-		)
+		}
+		for _, archive := range filepath.SplitList(os.Getenv("E2E_KIND_IMAGE_ARCHIVES")) {
+			setup = append(setup, envfuncs.LoadImageArchiveToCluster(name, archive))
+		}
+		testenv.Setup(setup...)
 		testenv.Finish(envfuncs.DestroyCluster(name))
 	} else if cfg.KubeconfigFile() == "" {
 		fmt.Fprintln(os.Stderr, "e2e: give --kubeconfig, or set E2E_KIND_CLUSTER to create a kind cluster (make e2e / make e2e-local do)")
