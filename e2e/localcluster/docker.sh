@@ -58,20 +58,34 @@ check_prereqs() {
   command -v dockerd >/dev/null && [ -x "$DOCKER_CLI" ] || missing+=(docker.io)
   command -v jq >/dev/null || missing+=(jq) # docker-runc edits container specs with it
   command -v runc >/dev/null || missing+=(runc)
+  command -v iptables >/dev/null || missing+=(iptables) # kind's network is kept to this machine
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing Debian packages: ${missing[*]}"
   command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them (Debian/Ubuntu expected)"
   mkdir -p "$DATA"
   # --no-install-recommends: docker.io's recommendations (apparmor, needrestart) may restart the
   # machine's services.
+  # The package's own engine (docker.service, on a machine with systemd) is neither started by the
+  # install nor enabled: it would add its bridge, forwarding and masquerading to the machine.
+  local policy=""
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; policy=1; }
+  local status=0
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
-    >"$DATA/apt.log" 2>&1 || die "could not install ${missing[*]}; see $DATA/apt.log"
+    >"$DATA/apt.log" 2>&1 || status=$?
+  [ -z "$policy" ] || rm -f /usr/sbin/policy-rc.d
+  [ "$status" = 0 ] || die "could not install ${missing[*]}; see $DATA/apt.log"
+  if [ -d /run/systemd/system ] && [[ " ${missing[*]} " == *" docker.io "* ]]; then
+    systemctl disable --now docker.service docker.socket >>"$DATA/apt.log" 2>&1 || true
+  fi
 }
 
 up() {
   check_prereqs
-  answers && return 0
+  # The firewall first, and on every call: kind's nodes restart with the engine.
+  firewall_up
+  answers && { network_check; return 0; }
   down_quietly
+  firewall_up
   mkdir -p "$RUN/bin" "$DATA/data"
   # `docker` for programs that run it from PATH (kind): the client matching this engine.
   ln -sf "$DOCKER_CLI" "$RUN/bin/docker"
@@ -85,7 +99,7 @@ up() {
     >"$DATA/dockerd.log" 2>&1 </dev/null &
   local i
   for i in $(seq 60); do
-    answers && { network_up; log "dockerd is up"; return 0; }
+    answers && { network_up; network_check; log "dockerd is up"; return 0; }
     kill -0 $! 2>/dev/null || break
     sleep 0.5
   done
@@ -93,13 +107,25 @@ up() {
   die "dockerd did not answer on $SOCK within 30s (log: $DATA/dockerd.log)"
 }
 
-# network_up makes the network kind's nodes join, and keeps what enters it from the nodes to
-# it: forwarded only between its own ports, never on (the machine answers the nodes itself, and
-# reaches them through it and docker-proxy's published ports).
+# network_up makes the network kind's nodes join (kind makes it otherwise, on a bridge the
+# firewall would not know: network_check refuses that).
 network_up() {
   docker network inspect "$KIND_NETWORK" >/dev/null 2>&1 ||
     docker network create -d bridge --subnet "$KIND_SUBNET" -o "com.docker.network.bridge.name=$KIND_BRIDGE" \
       -o com.docker.network.bridge.enable_ip_masquerade=false "$KIND_NETWORK" >/dev/null
+}
+
+network_check() {
+  local bridge
+  bridge=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$KIND_NETWORK" 2>/dev/null) ||
+    die "the engine has no network $KIND_NETWORK"
+  [ "$bridge" = "$KIND_BRIDGE" ] || die "network $KIND_NETWORK is on bridge '$bridge', not $KIND_BRIDGE: remove it (docker.sh docker network rm $KIND_NETWORK)"
+}
+
+# firewall_up keeps what enters kind's bridge from the nodes to it: forwarded only between its
+# own ports, never on (the machine answers the nodes itself, and reaches them through it and
+# docker-proxy's published ports).
+firewall_up() {
   iptables -t mangle -N "$CHAIN" 2>/dev/null || iptables -t mangle -F "$CHAIN"
   iptables -t mangle -A "$CHAIN" -i "$KIND_BRIDGE" -o "$KIND_BRIDGE" -j RETURN
   iptables -t mangle -A "$CHAIN" -i "$KIND_BRIDGE" -j DROP
@@ -107,7 +133,8 @@ network_up() {
   iptables -t mangle -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -t mangle -I FORWARD 1 -j "$CHAIN"
 }
 
-network_down() {
+# firewall_down, once the bridge is gone (nothing can pass it then).
+firewall_down() {
   while iptables -t mangle -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
   iptables -t mangle -F "$CHAIN" 2>/dev/null || true
   iptables -t mangle -X "$CHAIN" 2>/dev/null || true
@@ -117,8 +144,9 @@ down_quietly() {
   local pid="" i
   [ -f "$RUN/dockerd.pid" ] && pid=$(cat "$RUN/dockerd.pid")
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    # dockerd stops its containers (each within its stop timeout) before it exits.
-    answers && docker ps -q | xargs -r "$DOCKER_CLI" -H "unix://$SOCK" stop -t 5 >/dev/null 2>&1 || true
+    # Every container goes with the engine: a kind cluster a run left (interrupted before it
+    # deleted it) would be found by name and reused, stopped, by the next.
+    answers && docker ps -aq | xargs -r "$DOCKER_CLI" -H "unix://$SOCK" rm -f -v >/dev/null 2>&1 || true
     kill "$pid" 2>/dev/null || true
     for i in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     kill -9 "$pid" 2>/dev/null || true
@@ -131,7 +159,9 @@ down_quietly() {
     umount -l "$m" 2>/dev/null || true
   done
   [ -d "$RUN" ] && rm -rf -- "${RUN:?}"
-  network_down
+  # dockerd leaves the bridges of its networks; it makes them again when it starts.
+  ip link del "$KIND_BRIDGE" 2>/dev/null || true
+  ip link show "$KIND_BRIDGE" >/dev/null 2>&1 || firewall_down
   return 0
 }
 
@@ -189,8 +219,15 @@ make_stand_ins() {
   for image in $used; do
     case $image in "$GO_IMAGE" | "$STATIC_IMAGE") ;; *) die "a Dockerfile starts from $image, which has no stand-in here" ;; esac
   done
+  local label
   for image in $used; do
-    docker image inspect "$image" >/dev/null 2>&1 && continue
+    if label=$(docker image inspect -f "{{index .Config.Labels \"$STAND_IN_LABEL\"}}" "$image" 2>/dev/null); then
+      # A Go stand-in holding another Go than this machine's is made again (GOTOOLCHAIN=local
+      # cannot build a go.mod that asks for a newer patch release).
+      [ "$image" = "$GO_IMAGE" ] && [ -n "$label" ] && [[ $label != *" $(go env GOVERSION),"* ]] || continue
+      log "$GO_IMAGE: the stand-in is not of $(go env GOVERSION) ($label)"
+      docker rmi "$GO_IMAGE" >/dev/null
+    fi
     # The real image when a registry answers; a stand-in only when it cannot be pulled.
     docker pull -q "$image" >/dev/null 2>&1 && { log "pulled $image"; continue; }
     debian_image

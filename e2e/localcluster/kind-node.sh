@@ -34,7 +34,9 @@ kube=$("$here/build.sh" --print-dir kubernetes)
 crictl=$("$here/build.sh" --print-dir crictl)/crictl
 coredns=$("$here/build.sh" --print-dir coredns)/coredns
 etcd=$("$here/build.sh" --print-dir "etcd-$ETCD_VERSION")
-kind_module=$(cd "$here/tools/kubernetes" && go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+download=$(cd "$here/tools/kubernetes" && go mod download -json "sigs.k8s.io/kind@$KIND_VERSION") ||
+  die "cannot download kind $KIND_VERSION's module: $(echo "$download" | jq -r .Error)"
+kind_module=$(echo "$download" | jq -r .Dir)
 [ -d "$kind_module/images/base/files" ] || die "kind $KIND_VERSION's module has no images/base/files"
 
 work=$(mktemp -d)
@@ -51,7 +53,8 @@ trap cleanup EXIT
   CGO_ENABLED=0 go build -trimpath -o "$work/provisioner" ./e2e/localcluster/provisioner)
 
 inputs=$( {
-  cat "$0" "$here/kind-node.Dockerfile" "$here/versions.env"
+  cat "$0" "$here/kind-node.Dockerfile" "$here/versions.env" "$work/imgpack"
+  (cd "$here/kind-node" && find . -printf '%p %m\n' | sort) # names and modes; contents below
   find "$here/kind-node" "$kind_module/images/base/files" -type f | sort | xargs cat
   cat "$kube/kubeadm" "$kube/kubelet" "$kube/kubectl" "$kube/kube-apiserver" "$kube/kube-controller-manager" \
     "$kube/kube-scheduler" "$kube/kube-proxy" "$crictl" "$coredns" "$etcd/etcd" "$work/pause" "$work/provisioner"
@@ -78,8 +81,8 @@ cp "$kube/kubeadm" "$kube/kubelet" "$kube/kubectl" "$crictl" "$work/base/bin/"
 docker build -q --network host --force-rm --build-arg "BASE=$debian" -f "$here/kind-node.Dockerfile" \
   -t "$NODE_IMAGE-base" "$work/base" >/dev/null
 
-# The images kubeadm asks for, by the names it asks for (imagePullPolicy aside, its preflight
-# looks for each), and containerd's sandbox image.
+# The images kubeadm asks for, by the names its manifests use (the kubelet can pull none of them
+# here), and containerd's sandbox image.
 mkdir -p "$work/images"
 images=$("$kube/kubeadm" config images list --kubernetes-version "$KUBERNETES_VERSION")
 sandbox=$(sed -n 's/^[[:space:]]*sandbox_image = "\(.*\)"$/\1/p' "$kind_module/images/base/files/etc/containerd/config.toml")
@@ -114,14 +117,22 @@ pack kvcluster.io/provisioner:dev -file "$work/provisioner=/provisioner" -entryp
 log "preloading $(ls "$work/images" | wc -l) images"
 cid=$(docker run -d --network none --security-opt seccomp=unconfined --entrypoint sleep "$NODE_IMAGE-base" infinity)
 docker exec -d "$cid" containerd
-for i in $(seq 50); do docker exec "$cid" ctr version >/dev/null 2>&1 && break; sleep 0.2; done
+for i in $(seq 51); do
+  docker exec "$cid" ctr version >/dev/null 2>&1 && break
+  [ "$i" -lt 51 ] || die "the node's containerd did not answer within 10s"
+  sleep 0.2
+done
 for tar in "$work/images"/*.tar; do
   # (Debian's ctr cannot label them pinned as kind does; kind's kubelet collects no images anyway.)
   docker exec -i "$cid" ctr -n k8s.io images import --no-unpack --all-platforms - <"$tar" >/dev/null ||
     die "could not preload $(basename "$tar")"
 done
 docker exec "$cid" pkill containerd
-for i in $(seq 50); do docker exec "$cid" pgrep containerd >/dev/null 2>&1 || break; sleep 0.2; done
+for i in $(seq 51); do
+  docker exec "$cid" pgrep containerd >/dev/null 2>&1 || break
+  [ "$i" -lt 51 ] || die "the node's containerd did not stop within 10s"
+  sleep 0.2
+done
 docker commit --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
   --change "LABEL $INPUTS_LABEL=$inputs io.kvcluster.stand-in=\"kind node image made by e2e/localcluster/kind-node.sh\"" \
   "$cid" "$NODE_IMAGE" >/dev/null
