@@ -96,11 +96,17 @@ images-local: build ## pack the operator and etcd images without Docker and impo
 
 .PHONY: image-dockerfile-local
 image-dockerfile-local: ## build the operator image with the Dockerfile on the project's own Docker engine (base images it cannot pull: stand-ins made here) and import it into the local cluster
-	$(DOCKER_SH) up
-	status=0; { $(DOCKER_SH) stand-ins && $(DOCKER_SH) check && $(call local_docker_build,$(IMAGE),.) && \
-	  mkdir -p $(CACHE_DIR)/dockerfile-images && $(DOCKER_SH) docker save -o $(CACHE_DIR)/dockerfile-images/operator.tar $(IMAGE); } || status=$$?; \
-	  $(DOCKER_SH) docker image prune -f >/dev/null || status=$$?; $(DOCKER_SH) down; exit $$status
+	$(DOCKER_SH) with $(MAKE) --no-print-directory operator-image-on-engine
 	$(CLUSTER) import $(CACHE_DIR)/dockerfile-images/operator.tar
+
+# image-dockerfile-local's build, run by `docker.sh with` (which starts the engine and stops it).
+.PHONY: operator-image-on-engine
+operator-image-on-engine:
+	$(DOCKER_SH) stand-ins
+	$(DOCKER_SH) check
+	status=0; { $(call local_docker_build,$(IMAGE),.) && mkdir -p $(CACHE_DIR)/dockerfile-images && \
+	  $(DOCKER_SH) docker save -o $(CACHE_DIR)/dockerfile-images/operator.tar $(IMAGE); } || status=$$?; \
+	  $(DOCKER_SH) docker image prune -f >/dev/null || status=$$?; exit $$status
 
 .PHONY: run
 run: ## the main job: the operator managing a sample 3-member KVCluster, on the local cluster unless KUBECONFIG is set
@@ -228,9 +234,12 @@ e2e-kubeconfig: ## e2e on an existing cluster: make e2e-kubeconfig KUBECONFIG=..
 # KVC_LOCAL_DOCKER=1: `make e2e` pulls nothing. It runs on the project's own Docker engine
 # (e2e/localcluster/docker.sh), on images built here: the Dockerfiles' base images where they
 # cannot be pulled (stand-ins), the kind node image (kind-node.sh) and the etcd images (images.sh).
+ifneq ($(filter-out 0 1,$(KVC_LOCAL_DOCKER)),)
+$(error KVC_LOCAL_DOCKER is 1 (build every image here, pull nothing) or 0/unset (Docker as it is), not '$(KVC_LOCAL_DOCKER)')
+endif
 ifeq ($(KVC_LOCAL_DOCKER),1)
 docker_build = $(call local_docker_build,$(1),$(2))
-KIND_LOCAL_ENV = eval "$$($(DOCKER_SH) env)" && node=$$(e2e/localcluster/kind-node.sh) && export E2E_KIND_NODE_IMAGE=$$node \
+KIND_LOCAL_ENV = node=$$(e2e/localcluster/kind-node.sh) && export E2E_KIND_NODE_IMAGE=$$node \
   E2E_KIND_IMAGE_ARCHIVES=$(CACHE_DIR)/images/etcd-v$(ETCD_VERSION).tar:$(CACHE_DIR)/images/etcd-v$(ETCD_PREVIOUS_VERSION).tar &&
 else
 docker_build = docker build -t $(1) $(2)
@@ -240,11 +249,20 @@ endif
 e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, creates a kind cluster, loads it, runs the suite (KVC_LOCAL_DOCKER=1: pulls nothing, see above)
 	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
 ifeq ($(KVC_LOCAL_DOCKER),1)
-	$(DOCKER_SH) up
-	$(DOCKER_SH) stand-ins
-	$(DOCKER_SH) check
 	$(MAKE) --no-print-directory build
 	e2e/localcluster/images.sh $(CACHE_DIR)/images $(IMAGE) bin/kvcluster-operator
+	$(DOCKER_SH) with $(MAKE) --no-print-directory e2e-on-docker
+else
+	$(MAKE) --no-print-directory e2e-on-docker
+endif
+
+# make e2e's images and suite on the Docker engine: the machine's, or (KVC_LOCAL_DOCKER=1) the
+# project's, held by `docker.sh with`, which stops it however this ends.
+.PHONY: e2e-on-docker
+e2e-on-docker:
+ifeq ($(KVC_LOCAL_DOCKER),1)
+	$(DOCKER_SH) stand-ins
+	$(DOCKER_SH) check
 endif
 	$(call docker_build,$(IMAGE),.)
 	$(call docker_build,kvcluster.io/versitygw:dev,--build-arg VERSITYGW_VERSION=$(VERSITYGW_VERSION) -f e2e/s3.Dockerfile e2e)
@@ -253,9 +271,8 @@ endif
 ifeq ($(KVC_LOCAL_DOCKER),1)
 	$(DOCKER_SH) docker image prune -f >/dev/null
 endif
-	status=0; $(KIND_LOCAL_ENV) PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) \
-	  go test -tags e2e $(E2E_FLAGS) ./e2e/ || status=$$?; \
-	  $(if $(filter 1,$(KVC_LOCAL_DOCKER)),$(DOCKER_SH) down;) exit $$status
+	$(KIND_LOCAL_ENV) PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) \
+	  go test -tags e2e $(E2E_FLAGS) ./e2e/
 
 .PHONY: e2e-kind-smoke
 e2e-kind-smoke: ## what CI runs of `make e2e` (KVC_LOCAL_DOCKER=1): the sample's lifecycle, and backups to S3 and to a claim (their Jobs, restores' init containers)

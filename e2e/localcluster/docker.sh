@@ -8,8 +8,12 @@
 #
 #   docker.sh up          start it (idempotent)
 #   docker.sh down        stop it and every container, unmount and remove its run folder; the
-#                         images stay in the cache for the next run (idempotent)
+#                         images stay in the cache for the next run (idempotent; refused while a
+#                         `with` holds the engine)
 #   docker.sh docker ARG...  runs the docker client of the same package against it
+#   docker.sh with CMD ARG...  runs CMD with the engine up and its own: waits until no other
+#                         `with` holds it (a lock in the cache), starts it, runs CMD with what
+#                         `env` sets, and stops it however CMD ends (a `with` inside CMD just runs)
 #   docker.sh env         prints what a shell needs to use it: eval "$(docker.sh env)" sets
 #                         DOCKER_HOST and puts its client first on PATH as `docker` (for kind)
 #   docker.sh stand-ins   give the engine the base images the Dockerfiles start from, made here
@@ -27,6 +31,8 @@ cache=${KVC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvcluster-operator}
 DATA=$cache/docker
 RUN=/run/kvcluster-docker
 SOCK=$RUN/docker.sock
+# Held (flock) by `docker.sh with` while its command runs.
+LOCK=$DATA/engine.lock
 # The client of the same package as the engine: a newer `docker` elsewhere on PATH may need
 # plugins (buildx) this engine's builder does not.
 DOCKER_CLI=/usr/bin/docker
@@ -51,6 +57,22 @@ action=${1:-}
 docker() { DOCKER_HOST=unix://$SOCK "$DOCKER_CLI" "$@"; }
 answers() { [ -S "$SOCK" ] && docker version >/dev/null 2>&1; }
 
+# apt_install installs Debian packages (--no-install-recommends: docker.io's recommendations,
+# apparmor and needrestart, may restart the machine's services) under a policy-rc.d that refuses
+# to start services, unless the machine has its own: the package's engine (docker.service) would
+# add its bridge, forwarding and masquerading to the machine.
+apt_install() {
+  log "installing Debian packages: $*"
+  command -v apt-get >/dev/null || die "missing $* and no apt-get to install them (Debian/Ubuntu expected)"
+  mkdir -p "$DATA"
+  local policy="" status=0
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; policy=1; }
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"; } \
+    >"$DATA/apt.log" 2>&1 || status=$?
+  [ -z "$policy" ] || rm -f /usr/sbin/policy-rc.d
+  [ "$status" = 0 ] || die "could not install $*; see $DATA/apt.log"
+}
+
 check_prereqs() {
   [ "$(uname -s)" = Linux ] || die "needs Linux (this is $(uname -s))"
   [ "$(id -u)" = 0 ] || die "needs root: it runs dockerd"
@@ -59,21 +81,9 @@ check_prereqs() {
   command -v jq >/dev/null || missing+=(jq) # docker-runc edits container specs with it
   command -v runc >/dev/null || missing+=(runc)
   command -v iptables >/dev/null || missing+=(iptables) # kind's network is kept to this machine
+  command -v flock >/dev/null || missing+=(util-linux) # `with` holds the engine with it
   [ ${#missing[@]} -eq 0 ] && return 0
-  log "installing Debian packages: ${missing[*]}"
-  command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them (Debian/Ubuntu expected)"
-  mkdir -p "$DATA"
-  # --no-install-recommends: docker.io's recommendations (apparmor, needrestart) may restart the
-  # machine's services.
-  # The package's own engine (docker.service, on a machine with systemd) is neither started by the
-  # install nor enabled: it would add its bridge, forwarding and masquerading to the machine.
-  local policy=""
-  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; policy=1; }
-  local status=0
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
-    >"$DATA/apt.log" 2>&1 || status=$?
-  [ -z "$policy" ] || rm -f /usr/sbin/policy-rc.d
-  [ "$status" = 0 ] || die "could not install ${missing[*]}; see $DATA/apt.log"
+  apt_install "${missing[@]}"
   if [ -d /run/systemd/system ] && [[ " ${missing[*]} " == *" docker.io "* ]]; then
     systemctl disable --now docker.service docker.socket >>"$DATA/apt.log" 2>&1 || true
   fi
@@ -96,7 +106,7 @@ up() {
     --pidfile "$RUN/dockerd.pid" -H "unix://$SOCK" \
     --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false --bridge=none \
     --add-runtime "kvc-runc=$here/docker-runc" --default-runtime kvc-runc \
-    >"$DATA/dockerd.log" 2>&1 </dev/null &
+    >"$DATA/dockerd.log" 2>&1 </dev/null 9>&- &
   local i
   for i in $(seq 60); do
     answers && { network_up; network_check; log "dockerd is up"; return 0; }
@@ -167,8 +177,40 @@ down_quietly() {
 
 down() {
   [ "$(id -u)" = 0 ] || die "needs root"
+  if [ -z "${KVC_DOCKER_HELD:-}" ] && [ -e "$LOCK" ]; then
+    exec 9>"$LOCK"
+    flock -n 9 || die "a run holds the engine (docker.sh with, lock $LOCK): it stops the engine when it ends"
+  fi
   down_quietly
   log "dockerd is down (images kept in $DATA/data)"
+}
+
+engine_env() {
+  echo "export DOCKER_HOST=unix://$SOCK PATH=$RUN/bin:\$PATH KIND_EXPERIMENTAL_DOCKER_NETWORK=$KIND_NETWORK"
+}
+
+# with: two runs on one engine (make test's image build and make e2e, say) would each stop it
+# under the other; the second waits instead. The lock is the open file's (flock), so it goes with
+# the process that held it, however that ended.
+with() {
+  [ $# -gt 0 ] || die "usage: docker.sh with COMMAND [ARG...]"
+  [ -z "${KVC_DOCKER_HELD:-}" ] || exec "$@"
+  [ "$(id -u)" = 0 ] || die "needs root: it runs dockerd"
+  command -v flock >/dev/null || check_prereqs
+  mkdir -p "$DATA"
+  exec 9>"$LOCK"
+  if ! flock -n 9; then
+    log "waiting for the run that holds the engine to end (lock $LOCK)"
+    flock 9
+  fi
+  trap 'down_quietly; log "dockerd is down (images kept in $DATA/data)"' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  up
+  local status=0
+  # The command does not hold the lock (9>&-): what it leaves running must not hold the next run off.
+  (eval "$(engine_env)" && export KVC_DOCKER_HELD=1 && exec "$@" 9>&-) || status=$?
+  exit "$status"
 }
 
 # debian_mirror prints the machine's Debian mirror, read from its apt sources (deb822 or
@@ -187,11 +229,7 @@ debian_mirror() {
 # network needs). The stand-ins and the kind node image start from it.
 debian_image() {
   docker image inspect "$DEBIAN_IMAGE" >/dev/null 2>&1 && return 0
-  command -v debootstrap >/dev/null || {
-    log "installing Debian's debootstrap"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap; } \
-      >"$DATA/apt.log" 2>&1 || die "could not install debootstrap; see $DATA/apt.log"
-  }
+  command -v debootstrap >/dev/null || apt_install debootstrap
   local work mirror start=$SECONDS
   work=$(mktemp -d "$DATA/.debian.XXXXXX")
   mirror=$(debian_mirror)
@@ -295,10 +333,11 @@ case $action in
   up) up ;;
   down) down ;;
   docker) shift; exec env DOCKER_HOST="unix://$SOCK" "$DOCKER_CLI" "$@" ;;
-  env) echo "export DOCKER_HOST=unix://$SOCK PATH=$RUN/bin:\$PATH KIND_EXPERIMENTAL_DOCKER_NETWORK=$KIND_NETWORK" ;;
+  with) shift; with "$@" ;;
+  env) engine_env ;;
   stand-ins) answers || die "dockerd is not up (docker.sh up)"; make_stand_ins ;;
   debian) answers || die "dockerd is not up (docker.sh up)"; debian_image; echo "$DEBIAN_IMAGE" ;;
   check) answers || die "dockerd is not up (docker.sh up)"; check ;;
   status) answers ;;
-  *) echo "usage: $0 up|down|docker ARG...|env|stand-ins|debian|check|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|with CMD ARG...|docker ARG...|env|stand-ins|debian|check|status" >&2; exit 2 ;;
 esac
