@@ -239,14 +239,14 @@ $(error KVC_LOCAL_DOCKER is 1 (build every image here, pull nothing) or 0/unset 
 endif
 ifeq ($(KVC_LOCAL_DOCKER),1)
 docker_build = $(call local_docker_build,$(1),$(2))
-KIND_LOCAL_ENV = node=$$(e2e/localcluster/kind-node.sh) && export E2E_KIND_NODE_IMAGE=$$node \
-  E2E_KIND_IMAGE_ARCHIVES=$(CACHE_DIR)/images/etcd-v$(ETCD_VERSION).tar:$(CACHE_DIR)/images/etcd-v$(ETCD_PREVIOUS_VERSION).tar &&
+KIND_LOCAL_ENV = node=$$(e2e/localcluster/kind-node.sh) && export E2E_KIND_NODE_IMAGE=$$node E2E_KIND_ISOLATED=1 \
+  E2E_KIND_IMAGE_ARCHIVES=$(CACHE_DIR)/images/etcd-v$(ETCD_VERSION).tar:$(CACHE_DIR)/images/etcd-v$(ETCD_PREVIOUS_VERSION).tar:$(CACHE_DIR)/images/netcheck.tar &&
 else
 docker_build = docker build -t $(1) $(2)
 endif
 
 .PHONY: e2e
-e2e: ## e2e on kind (needs Docker): builds the image with the Dockerfile, creates a kind cluster, loads it, runs the suite (KVC_LOCAL_DOCKER=1: pulls nothing, see above)
+e2e: ## e2e on kind (needs Docker): builds the images with their Dockerfiles, creates a kind cluster, loads them, installs the operator with the Helm chart, runs the suite (KVC_LOCAL_DOCKER=1: pulls nothing, see above)
 	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
 ifeq ($(KVC_LOCAL_DOCKER),1)
 	$(MAKE) --no-print-directory build
@@ -271,10 +271,11 @@ endif
 ifeq ($(KVC_LOCAL_DOCKER),1)
 	$(DOCKER_SH) docker image prune -f >/dev/null
 endif
+	$(BUILD_TOOLS) helm
 	$(KIND_LOCAL_ENV) PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) \
-	  go test -tags e2e $(E2E_FLAGS) ./e2e/
+	  KVC_HELM="$$($(BUILD_TOOLS) --print-dir helm)/helm" go test -tags e2e $(E2E_FLAGS) ./e2e/
 
 .PHONY: e2e-kind-smoke
-e2e-kind-smoke: ## what CI runs of `make e2e` (KVC_LOCAL_DOCKER=1): the sample's lifecycle, and backups to S3 and to a claim (their Jobs, restores' init containers)
+e2e-kind-smoke: ## what CI runs of `make e2e` (KVC_LOCAL_DOCKER=1): the sample's lifecycle, backups to S3 and to a claim (their Jobs, restores' init containers), the namespaced install, and that pods cannot leave the machine
 	$(MAKE) --no-print-directory e2e KVC_LOCAL_DOCKER=1 \
-	  E2E_FLAGS='-count=1 -v -timeout=20m -parallel=4 -run "^(TestOperatorIsDeployed|TestSampleClusterLifecycle|TestBackups)"'
+	  E2E_FLAGS='-count=1 -v -timeout=20m -parallel=4 -run "^(TestOperatorIsDeployed|TestSampleClusterLifecycle|TestBackups|TestANamespacedInstall|TestPodsCannotLeaveTheMachine)"'

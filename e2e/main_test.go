@@ -103,7 +103,7 @@ func testAlongsideOthers(t *testing.T, f types.Feature) {
 
 // deployOperator installs the operator (CRD, secure-by-default admission policies, RBAC, manager)
 // and waits for the manager to be Available: with the Helm chart when $KVC_HELM names a helm
-// binary (make e2e-local sets it), else from deploy/default with kubectl. The chart's test in
+// binary (make e2e-local and make e2e set it), else from deploy/default with kubectl. The chart's test in
 // deploy proves both install the same objects.
 func deployOperator(ctx context.Context, cfg *envconf.Config) (context.Context, error) {
 	if helm := os.Getenv("KVC_HELM"); helm != "" {

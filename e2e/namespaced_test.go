@@ -29,7 +29,7 @@ import (
 func TestANamespacedInstall(t *testing.T) {
 	helm := os.Getenv("KVC_HELM")
 	if helm == "" {
-		t.Skip("needs the operator installed with its Helm chart (KVC_HELM, as make e2e-local sets)")
+		t.Skip("needs the operator installed with its Helm chart (KVC_HELM, as make e2e-local and make e2e set)")
 	}
 	var (
 		watched, spare, elsewhere string
