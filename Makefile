@@ -234,6 +234,12 @@ e2e-kubeconfig: ## e2e on an existing cluster: make e2e-kubeconfig KUBECONFIG=..
 # KVC_LOCAL_DOCKER=1: `make e2e` pulls nothing. It runs on the project's own Docker engine
 # (e2e/localcluster/docker.sh), on images built here: the Dockerfiles' base images where they
 # cannot be pulled (stand-ins), the kind node image (kind-node.sh) and the etcd images (images.sh).
+# The tests' own images make e2e builds with their Dockerfiles and loads into kind, beside the
+# operator's: the S3 store (backups), the writer (writes under upgrades), Prometheus (alerts).
+S3_IMAGE := kvcluster.io/versitygw:dev
+WRITER_IMAGE := kvcluster.io/writer:dev
+PROMETHEUS_IMAGE := kvcluster.io/prometheus:dev
+E2E_KIND_TEST_IMAGES ?= $(S3_IMAGE) $(WRITER_IMAGE) $(PROMETHEUS_IMAGE)
 ifneq ($(filter-out 0 1,$(KVC_LOCAL_DOCKER)),)
 $(error KVC_LOCAL_DOCKER is 1 (build every image here, pull nothing) or 0/unset (Docker as it is), not '$(KVC_LOCAL_DOCKER)')
 endif
@@ -265,17 +271,17 @@ ifeq ($(KVC_LOCAL_DOCKER),1)
 	$(DOCKER_SH) check
 endif
 	$(call docker_build,$(IMAGE),.)
-	$(call docker_build,kvcluster.io/versitygw:dev,--build-arg VERSITYGW_VERSION=$(VERSITYGW_VERSION) -f e2e/s3.Dockerfile e2e)
-	$(call docker_build,kvcluster.io/writer:dev,-f e2e/writer.Dockerfile .)
-	$(call docker_build,kvcluster.io/prometheus:dev,--build-arg PROMETHEUS_VERSION=$(PROMETHEUS_VERSION) -f e2e/prometheus.Dockerfile e2e)
+	$(if $(filter $(S3_IMAGE),$(E2E_KIND_TEST_IMAGES)),$(call docker_build,$(S3_IMAGE),--build-arg VERSITYGW_VERSION=$(VERSITYGW_VERSION) -f e2e/s3.Dockerfile e2e))
+	$(if $(filter $(WRITER_IMAGE),$(E2E_KIND_TEST_IMAGES)),$(call docker_build,$(WRITER_IMAGE),-f e2e/writer.Dockerfile .))
+	$(if $(filter $(PROMETHEUS_IMAGE),$(E2E_KIND_TEST_IMAGES)),$(call docker_build,$(PROMETHEUS_IMAGE),--build-arg PROMETHEUS_VERSION=$(PROMETHEUS_VERSION) -f e2e/prometheus.Dockerfile e2e))
 ifeq ($(KVC_LOCAL_DOCKER),1)
 	$(DOCKER_SH) docker image prune -f >/dev/null
 endif
 	$(BUILD_TOOLS) helm
-	$(KIND_LOCAL_ENV) PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) \
+	$(KIND_LOCAL_ENV) PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) E2E_KIND_TEST_IMAGES="$(E2E_KIND_TEST_IMAGES)" \
 	  KVC_HELM="$$($(BUILD_TOOLS) --print-dir helm)/helm" go test -tags e2e $(E2E_FLAGS) ./e2e/
 
 .PHONY: e2e-kind-smoke
 e2e-kind-smoke: ## what CI runs of `make e2e` (KVC_LOCAL_DOCKER=1): the sample's lifecycle, backups to S3 and to a claim (their Jobs, restores' init containers), the namespaced install, and that pods cannot leave the machine
-	$(MAKE) --no-print-directory e2e KVC_LOCAL_DOCKER=1 \
+	$(MAKE) --no-print-directory e2e KVC_LOCAL_DOCKER=1 E2E_KIND_TEST_IMAGES=$(S3_IMAGE) \
 	  E2E_FLAGS='-count=1 -v -timeout=20m -parallel=4 -run "^(TestOperatorIsDeployed|TestSampleClusterLifecycle|TestBackups|TestANamespacedInstall|TestPodsCannotLeaveTheMachine)"'

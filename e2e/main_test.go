@@ -39,6 +39,7 @@ const (
 	operatorNamespace  = "kvcluster-system"
 	operatorDeployment = "kvcluster-operator"
 	defaultImage       = "ghcr.io/kvcluster/kvcluster-operator:dev"
+	s3Image            = "kvcluster.io/versitygw:dev"
 	writerImage        = "kvcluster.io/writer:dev"
 	prometheusImage    = "kvcluster.io/prometheus:dev"
 )
@@ -72,9 +73,11 @@ func TestMain(m *testing.M) {
 		setup := []env.Func{
 			envfuncs.CreateClusterWithConfig(kind.NewProvider(), name, "kind-config.yaml", opts...),
 			envfuncs.LoadImageToCluster(name, image),
-			envfuncs.LoadImageToCluster(name, "kvcluster.io/versitygw:dev"),
-			envfuncs.LoadImageToCluster(name, writerImage),
-			envfuncs.LoadImageToCluster(name, prometheusImage),
+		}
+		// The tests' own images: all unless E2E_KIND_TEST_IMAGES names some (a subset of the tests
+		// may need fewer: make e2e-kind-smoke).
+		for _, testImage := range strings.Fields(envOr("E2E_KIND_TEST_IMAGES", strings.Join([]string{s3Image, writerImage, prometheusImage}, " "))) {
+			setup = append(setup, envfuncs.LoadImageToCluster(name, testImage))
 		}
 		for _, archive := range filepath.SplitList(os.Getenv("E2E_KIND_IMAGE_ARCHIVES")) {
 			setup = append(setup, envfuncs.LoadImageArchiveToCluster(name, archive))
