@@ -240,6 +240,9 @@ S3_IMAGE := kvcluster.io/versitygw:dev
 WRITER_IMAGE := kvcluster.io/writer:dev
 PROMETHEUS_IMAGE := kvcluster.io/prometheus:dev
 E2E_KIND_TEST_IMAGES ?= $(S3_IMAGE) $(WRITER_IMAGE) $(PROMETHEUS_IMAGE)
+ifneq ($(filter-out $(S3_IMAGE) $(WRITER_IMAGE) $(PROMETHEUS_IMAGE),$(E2E_KIND_TEST_IMAGES)),)
+$(error E2E_KIND_TEST_IMAGES names images make e2e does not build: $(filter-out $(S3_IMAGE) $(WRITER_IMAGE) $(PROMETHEUS_IMAGE),$(E2E_KIND_TEST_IMAGES)))
+endif
 ifneq ($(filter-out 0 1,$(KVC_LOCAL_DOCKER)),)
 $(error KVC_LOCAL_DOCKER is 1 (build every image here, pull nothing) or 0/unset (Docker as it is), not '$(KVC_LOCAL_DOCKER)')
 endif
@@ -254,6 +257,7 @@ endif
 .PHONY: e2e
 e2e: ## e2e on kind (needs Docker): builds the images with their Dockerfiles, creates a kind cluster, loads them, installs the operator with the Helm chart, runs the suite (KVC_LOCAL_DOCKER=1: pulls nothing, see above)
 	GOBIN=$(CURDIR)/bin go install sigs.k8s.io/kind@$(KIND_VERSION)
+	$(BUILD_TOOLS) helm
 ifeq ($(KVC_LOCAL_DOCKER),1)
 	$(MAKE) --no-print-directory build
 	e2e/localcluster/images.sh $(CACHE_DIR)/images $(IMAGE) bin/kvcluster-operator
@@ -277,7 +281,6 @@ endif
 ifeq ($(KVC_LOCAL_DOCKER),1)
 	$(DOCKER_SH) docker image prune -f >/dev/null
 endif
-	$(BUILD_TOOLS) helm
 	$(KIND_LOCAL_ENV) PATH=$(CURDIR)/bin:$$PATH E2E_KIND_CLUSTER=$(KIND_CLUSTER) OPERATOR_IMAGE=$(IMAGE) E2E_KIND_TEST_IMAGES="$(E2E_KIND_TEST_IMAGES)" \
 	  KVC_HELM="$$($(BUILD_TOOLS) --print-dir helm)/helm" go test -tags e2e $(E2E_FLAGS) ./e2e/
 

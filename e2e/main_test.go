@@ -75,8 +75,12 @@ func TestMain(m *testing.M) {
 			envfuncs.LoadImageToCluster(name, image),
 		}
 		// The tests' own images: all unless E2E_KIND_TEST_IMAGES names some (a subset of the tests
-		// may need fewer: make e2e-kind-smoke).
-		for _, testImage := range strings.Fields(envOr("E2E_KIND_TEST_IMAGES", strings.Join([]string{s3Image, writerImage, prometheusImage}, " "))) {
+		// may need fewer: make e2e-kind-smoke); set empty, none.
+		testImages, named := os.LookupEnv("E2E_KIND_TEST_IMAGES")
+		if !named {
+			testImages = strings.Join([]string{s3Image, writerImage, prometheusImage}, " ")
+		}
+		for _, testImage := range strings.Fields(testImages) {
 			setup = append(setup, envfuncs.LoadImageToCluster(name, testImage))
 		}
 		for _, archive := range filepath.SplitList(os.Getenv("E2E_KIND_IMAGE_ARCHIVES")) {

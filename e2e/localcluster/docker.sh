@@ -31,8 +31,9 @@ cache=${KVC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvcluster-operator}
 DATA=$cache/docker
 RUN=/run/kvcluster-docker
 SOCK=$RUN/docker.sock
-# Held (flock) by `docker.sh with` while its command runs.
-LOCK=$DATA/engine.lock
+# Held (flock) by `docker.sh with` while its command runs: beside the engine's run folder (which
+# `down` removes), machine-wide as the engine is, whatever cache a run uses.
+LOCK=/run/kvcluster-docker.lock
 # The client of the same package as the engine: a newer `docker` elsewhere on PATH may need
 # plugins (buildx) this engine's builder does not.
 DOCKER_CLI=/usr/bin/docker
@@ -204,13 +205,26 @@ with() {
     flock 9
   fi
   trap 'down_quietly; log "dockerd is down (images kept in $DATA/data)"' EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
+  # An engine up now was left by a run killed outright (its lock went with it) or started by hand:
+  # it goes, with its containers (a kind cluster e2e-framework would find by name and reuse).
+  down_quietly
   up
+  # The command runs in a session of its own, in the background, so that a TERM or INT sent to
+  # this script (make sends TERM to its own child only) reaches all of it at once (go test, the
+  # test binary, kind) and the engine stops after it, not when it ends by itself. It does not hold
+  # the lock (9>&-): what it leaves running must not hold the next run off.
+  (eval "$(engine_env)" && export KVC_DOCKER_HELD=1 && exec setsid "$@" 9>&- <&0) &
+  child=$!
+  trap 'stop_child; exit 130' INT
+  trap 'stop_child; exit 143' TERM
   local status=0
-  # The command does not hold the lock (9>&-): what it leaves running must not hold the next run off.
-  (eval "$(engine_env)" && export KVC_DOCKER_HELD=1 && exec "$@" 9>&-) || status=$?
+  wait "$child" || status=$?
   exit "$status"
+}
+
+stop_child() {
+  kill -TERM -- "-$child" "$child" 2>/dev/null || true
+  wait "$child" 2>/dev/null || true
 }
 
 # debian_mirror prints the machine's Debian mirror, read from its apt sources (deb822 or
