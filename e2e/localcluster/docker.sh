@@ -12,7 +12,7 @@
 #                         `with` holds the engine)
 #   docker.sh docker ARG...  runs the docker client of the same package against it
 #   docker.sh with CMD ARG...  runs CMD with the engine up and its own: waits until no other
-#                         `with` holds it (a lock in the cache), starts it, runs CMD with what
+#                         `with` holds it (/run/kvcluster-docker.lock), starts it, runs CMD with what
 #                         `env` sets, and stops it however CMD ends (a `with` inside CMD just runs)
 #   docker.sh env         prints what a shell needs to use it: eval "$(docker.sh env)" sets
 #                         DOCKER_HOST and puts its client first on PATH as `docker` (for kind)

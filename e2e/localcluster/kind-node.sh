@@ -48,9 +48,11 @@ cleanup() {
 trap cleanup EXIT
 
 # The project's own programs in the node: the pause image's and the provisioner's.
-(cd "$here/../.." && CGO_ENABLED=0 go build -o "$work/imgpack" ./e2e/localcluster/imgpack &&
-  CGO_ENABLED=0 go build -trimpath -o "$work/pause" ./e2e/localcluster/pause &&
-  CGO_ENABLED=0 go build -trimpath -o "$work/provisioner" ./e2e/localcluster/provisioner)
+# Without the clone's path or commit in them (-trimpath, -buildvcs=false): they are inputs of the
+# image's key, which must change only when they do.
+(cd "$here/../.." && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$work/imgpack" ./e2e/localcluster/imgpack &&
+  CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$work/pause" ./e2e/localcluster/pause &&
+  CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$work/provisioner" ./e2e/localcluster/provisioner)
 
 inputs=$( {
   cat "$0" "$here/kind-node.Dockerfile" "$here/versions.env" "$work/imgpack"
