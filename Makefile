@@ -102,6 +102,7 @@ image-dockerfile-local: ## build the operator image with the Dockerfile on the p
 # image-dockerfile-local's build, run by `docker.sh with` (which starts the engine and stops it).
 .PHONY: operator-image-on-engine
 operator-image-on-engine:
+	@: $${KVC_DOCKER_HELD:?runs inside docker.sh with: make image-dockerfile-local}
 	$(DOCKER_SH) stand-ins
 	$(DOCKER_SH) check
 	status=0; { $(call local_docker_build,$(IMAGE),.) && mkdir -p $(CACHE_DIR)/dockerfile-images && \
@@ -271,6 +272,7 @@ endif
 .PHONY: e2e-on-docker
 e2e-on-docker:
 ifeq ($(KVC_LOCAL_DOCKER),1)
+	@: $${KVC_DOCKER_HELD:?runs inside docker.sh with: make e2e KVC_LOCAL_DOCKER=1}
 	$(DOCKER_SH) stand-ins
 	$(DOCKER_SH) check
 endif

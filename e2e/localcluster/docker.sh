@@ -196,6 +196,10 @@ engine_env() {
 with() {
   [ $# -gt 0 ] || die "usage: docker.sh with COMMAND [ARG...]"
   [ -z "${KVC_DOCKER_HELD:-}" ] || exec "$@"
+  # Under `make -n` (make runs a line naming $(MAKE) even then, and the Makefile's `with` lines
+  # do) the command is a make that only prints: it runs alone, nothing starts.
+  local makeflags=${MAKEFLAGS:-}
+  case ${makeflags%% *} in -*) ;; *n*) exec "$@" ;; esac
   [ "$(id -u)" = 0 ] || die "needs root: it runs dockerd"
   command -v flock >/dev/null || check_prereqs
   mkdir -p "$DATA"
