@@ -385,6 +385,12 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	if err := b.measure(&r.steady, start, end); err != nil {
 		return err
 	}
+	if dir := os.Getenv("KVC_BENCH_LOGS"); dir != "" {
+		// What the idle operator's memory holds (its RSS is in the table).
+		if err := b.op.profileHeap(filepath.Join(dir, fmt.Sprintf("idle-heap-%d.pprof", b.n))); err != nil {
+			return err
+		}
+	}
 
 	// Frozen members: a share of the clusters stop answering (SIGSTOP); as many new clusters are
 	// created once the operator has run into every frozen one.

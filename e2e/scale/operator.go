@@ -150,13 +150,20 @@ func startOperator(work, kubeconfig, simulated string, workers int) (*operator, 
 
 // profileCPU writes the operator's CPU profile over the next d to file (read it with go tool pprof).
 func (op *operator) profileCPU(d time.Duration, file string) error {
-	resp, err := http.Get(fmt.Sprintf("%sprofile?seconds=%d", op.pprof, int(d.Seconds())))
+	return op.profile(fmt.Sprintf("profile?seconds=%d", int(d.Seconds())), file)
+}
+
+// profileHeap writes the operator's heap profile (after a garbage collection) to file.
+func (op *operator) profileHeap(file string) error { return op.profile("heap?gc=1", file) }
+
+func (op *operator) profile(query, file string) error {
+	resp, err := http.Get(op.pprof + query)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("CPU profile: %s", resp.Status)
+		return fmt.Errorf("profile %s: %s", query, resp.Status)
 	}
 	f, err := os.Create(file)
 	if err != nil {
