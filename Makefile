@@ -220,8 +220,8 @@ bench-peers: ## apply → Ready of a 3-member cluster on the local cluster: a ba
 	  $(CLUSTER) down; exit $$status
 
 .PHONY: e2e-local
-e2e-local: ## e2e on the project's local cluster: up, import images (the operator's built with the Dockerfile), install the operator with the Helm chart, run the suite, down
-	$(MAKE) --no-print-directory cluster-down cluster-up images-local image-dockerfile-local
+e2e-local: ## e2e on the project's local cluster: up, import images (packed without Docker), install the operator with the Helm chart, run the suite, down
+	$(MAKE) --no-print-directory cluster-down cluster-up images-local
 	$(BUILD_TOOLS) helm
 	status=0; E2E_LOCAL_CLUSTER=1 KUBECTL=$(KUBECTL) KVC_HELM="$$($(BUILD_TOOLS) --print-dir helm)/helm" \
 	  go test -tags e2e $(E2E_FLAGS) ./e2e/ -args --kubeconfig=$(LOCAL_KUBECONFIG) || status=$$?; \
