@@ -38,16 +38,16 @@ type slot struct {
 }
 
 // dueSlot decides from the schedule whether a backup is due now. No backup starts while another
-// runs or while the cluster is still being created; a slot already started
-// (status.lastScheduledTime) never starts again.
-func dueSlot(kvc *kvv1.KVCluster, running bool, now time.Time) slot {
+// runs or while the cluster is still being created (formed: as this reconcile found it); a slot
+// already started (status.lastScheduledTime) never starts again.
+func dueSlot(kvc *kvv1.KVCluster, running, formed bool, now time.Time) slot {
 	b := kvc.Spec.Backup
 	sched, err := backup.Parse(kvc.Spec.BackupSchedule, b.TimeZone, now)
 	if err != nil {
 		return slot{err: err}
 	}
 	s := slot{next: sched.Next(now)}
-	if b.Suspend || running || !formedForBackups(kvc) {
+	if b.Suspend || running || !formed {
 		return s
 	}
 	after := kvc.CreationTimestamp.Time
@@ -59,9 +59,12 @@ func dueSlot(kvc *kvv1.KVCluster, running bool, now time.Time) slot {
 }
 
 // formedForBackups: the cluster has formed, so there is something to back up (a cluster stopped
-// from the start has nothing).
-func formedForBackups(kvc *kvv1.KVCluster) bool {
-	return kvc.Status.Phase != kvv1.PhaseCreating && kvc.Status.Phase != "" && kvc.Status.CurrentVersion != ""
+// from the start has nothing). It is asked of the status this reconcile writes, st: a slot that
+// fell while the cluster was created starts in the reconcile that finds it formed, where its
+// status as read would make it wait for that reconcile's requeue, as late as the next slot,
+// which then finds it missed.
+func formedForBackups(st *kvv1.KVClusterStatus) bool {
+	return st.Phase != kvv1.PhaseCreating && st.Phase != "" && st.CurrentVersion != ""
 }
 
 // planBackups records finished backups in st (the status about to be written), decides the Job
@@ -113,7 +116,7 @@ func planSchedule(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVClusterStatus
 		return out, nil, 0
 	}
 	var events []Event
-	s := dueSlot(kvc, busy != "", now)
+	s := dueSlot(kvc, busy != "", formedForBackups(st), now)
 	if obs.STSForeign {
 		s.at = time.Time{}
 	}
@@ -204,7 +207,7 @@ func answerBackupRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCluste
 	case kvc.Spec.Backup == nil:
 		req.State, req.Message = kvv1.BackupRequestFailed, "spec.backup is unset: there is nowhere to write the backup; set spec.backup (s3 or pvc) and a new value of "+
 			kvv1.AnnotationBackupNow
-	case !formedForBackups(kvc):
+	case !formedForBackups(st):
 		req.Message = "waiting for the cluster to form"
 	case obs.STSForeign:
 		req.Message = "waiting: what answers at the members' names is not this cluster's, so it is not backed up"

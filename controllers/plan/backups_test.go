@@ -377,3 +377,58 @@ func TestOnDemandBackupJobsArePrunedApart(t *testing.T) {
 		t.Errorf("pruned %v, want %v: the oldest scheduled one and the oldest on-demand one", pruned, want)
 	}
 }
+
+// A slot that falls while the cluster is created runs once it has formed, within the reconcile
+// that finds it formed: that reconcile's own requeue (at the next slot, or the minute's poll)
+// would wait until the next slot made it a missed one, though nothing kept it from starting.
+// Seen in the chaos test on 2026-12-05 (seed 1796500247459596096): operator restarts and a frozen
+// member made the cluster form 20-odd seconds after its first slot, which never ran.
+func TestASlotDueWhileCreatingRunsWhenTheClusterForms(t *testing.T) {
+	stillForming := func(s *scenario) { s.obs.Cluster.Members = s.obs.Cluster.Members[:1] }
+	for _, tt := range []struct {
+		name     string
+		change   func(s *scenario)
+		schedule string
+		request  string // a kvcluster.io/backup-now value set while it was created
+		wantJob  func(kvc *kvv1.KVCluster) string
+	}{
+		{name: "formed now: the slot starts", change: func(*scenario) {}, schedule: "* * * * *",
+			wantJob: func(*kvv1.KVCluster) string { return backup.JobName("kv", t0) }},
+		{name: "still forming: the slot waits", change: stillForming, schedule: "* * * * *", wantJob: func(*kvv1.KVCluster) string { return "" }},
+		{name: "formed now: a backup asked for meanwhile starts", change: func(*scenario) {}, request: "t1",
+			wantJob: func(kvc *kvv1.KVCluster) string { return specs.OnDemandBackupJobName(kvc, "t1") }},
+		{name: "still forming: the request waits", change: stillForming, request: "t1", wantJob: func(*kvv1.KVCluster) string { return "" }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := formed(3, "3.7.3").with(tt.change)
+			// Created 30 s before the slot t0; it has been Creating since.
+			s.kvc.CreationTimestamp = metav1.NewTime(t0.Add(-30 * time.Second))
+			progress := metav1.NewTime(t0.Add(-30 * time.Second))
+			s.kvc.Status.Phase, s.kvc.Status.CurrentVersion, s.kvc.Status.LastProgressTime = kvv1.PhaseCreating, "", &progress
+			s.kvc.Spec.BackupSchedule = tt.schedule
+			s.kvc.Spec.Backup = &kvv1.BackupSpec{S3: &kvv1.S3Destination{Endpoint: "s3:7070", Bucket: "b", CredentialsSecret: "s"}}
+			if tt.request != "" {
+				s.kvc.Annotations = map[string]string{kvv1.AnnotationBackupNow: tt.request}
+			}
+			now := t0.Add(20 * time.Second)
+			p := Make(s.kvc, s.obs, now, Config{Images: specs.Images{EtcdRepository: "etcd", Operator: "operator:dev"}})
+			job := ""
+			if p.Backups.Start != nil {
+				job = *p.Backups.Start.Name
+			}
+			if want := tt.wantJob(s.kvc); job != want {
+				t.Fatalf("phase %s: Job started %q, want %q (requeue %v)", p.Status.Phase, job, want, p.RequeueAfter)
+			}
+			if job == "" && p.Status.Phase != kvv1.PhaseCreating {
+				t.Fatalf("phase %s, want Creating: the case does not test a cluster still forming", p.Status.Phase)
+			}
+			// What keeps a retried reconcile from starting them again.
+			if job != "" && tt.schedule != "" && (p.Status.LastScheduledTime == nil || !p.Status.LastScheduledTime.Time.Equal(t0)) {
+				t.Errorf("lastScheduledTime %v, want the slot %v recorded", p.Status.LastScheduledTime, t0)
+			}
+			if job != "" && tt.request != "" && (p.Status.BackupRequest == nil || p.Status.BackupRequest.Job != job) {
+				t.Errorf("backupRequest %+v, want its Job %s recorded", p.Status.BackupRequest, job)
+			}
+		})
+	}
+}
