@@ -239,6 +239,10 @@ func planRestarts(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	if kvc.Spec.Backup != nil && kvc.Status.CurrentVersion != kvc.Spec.Version {
 		switch obs.preUpgradeBackup(kvc) {
 		case jobMissing:
+			// Two backups never run at once: a scheduled or requested one running goes first.
+			if i := slices.IndexFunc(obs.Jobs, func(j Job) bool { return !j.Done }); i >= 0 {
+				return wait(ReasonPreUpgradeBackup, "waiting for backup %s to finish before the pre-upgrade backup", obs.Jobs[i].Job.Name)
+			}
 			return Rollout{Pending: true, Action: ActPreUpgradeBackup, OldJob: obs.PreUpgradeJob, Reason: ReasonPreUpgradeBackup,
 				Message: fmt.Sprintf("taking a backup before upgrading from %s to %s", kvc.Status.CurrentVersion, kvc.Spec.Version)}
 		case jobRunning:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -149,6 +150,9 @@ func TestPlanRollout(t *testing.T) {
 					t.Errorf("old Job to delete = %v, want the upgrade to %s's", got.OldJob, from)
 				}
 			}},
+		{name: "pre-upgrade backup waits for a scheduled backup running: never two at once", s: formed(3, from).upgradeTo(to).with(withBackup).with(func(s *scenario) {
+			s.obs.Jobs = []Job{backupJobAt("kv-29934000", "", time.Time{})}
+		}), wantPending: true, wantAction: ActWait, wantMember: "kv-29934000", wantTo: 0},
 		{name: "pre-upgrade backup running: wait", s: formed(3, from).upgradeTo(to).with(withBackup).with(func(s *scenario) { s.obs.PreUpgradeJob = preUpgradeJob(to, "") }),
 			wantPending: true, wantAction: ActWait, wantMember: "pre-upgrade backup", wantTo: 0},
 		{name: "pre-upgrade backup failed: no member is touched", s: formed(3, from).upgradeTo(to).with(withBackup).with(func(s *scenario) { s.obs.PreUpgradeJob = preUpgradeJob(to, batchv1.JobFailed) }),
