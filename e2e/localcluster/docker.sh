@@ -190,16 +190,16 @@ engine_env() {
   echo "export DOCKER_HOST=unix://$SOCK PATH=$RUN/bin:\$PATH KIND_EXPERIMENTAL_DOCKER_NETWORK=$KIND_NETWORK"
 }
 
-# with: two runs on one engine (make test's image build and make e2e, say) would each stop it
+# with: two runs on one engine (make image-dockerfile-local and make e2e, say) would each stop it
 # under the other; the second waits instead. The lock is the open file's (flock), so it goes with
 # the process that held it, however that ended.
 with() {
   [ $# -gt 0 ] || die "usage: docker.sh with COMMAND [ARG...]"
   [ -z "${KVC_DOCKER_HELD:-}" ] || exec "$@"
-  # Under `make -n` (make runs a line naming $(MAKE) even then, and the Makefile's `with` lines
-  # do) the command is a make that only prints: it runs alone, nothing starts.
+  # Under `make -n`, `-q` or `-t` (make runs a line naming $(MAKE) even then, and the Makefile's
+  # `with` lines do) the command is a make that runs no recipe: it runs alone, nothing starts.
   local makeflags=${MAKEFLAGS:-}
-  case ${makeflags%% *} in -*) ;; *n*) exec "$@" ;; esac
+  case ${makeflags%% *} in -*) ;; *[nqt]*) exec "$@" ;; esac
   [ "$(id -u)" = 0 ] || die "needs root: it runs dockerd"
   command -v flock >/dev/null || check_prereqs
   mkdir -p "$DATA"
