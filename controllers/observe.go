@@ -213,9 +213,13 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 		volume := claimUIDs[claim]
 		// A pod runs on its claim until it stops, even on one being deleted: a member seen healthy
 		// there is recorded on it, so that once the claim is gone and the pod is back on a new,
-		// empty one, the lost data is recognised. A pod made after the deletion began never runs
-		// on that claim (the kubelet refuses it): the claims seen may just be older than the pods.
-		if deletedAt, ok := claimsDeletedAt[claim]; ok && !pod.CreationTimestamp.Time.Before(deletedAt) {
+		// empty one, the lost data is recognised. The StatefulSet controller makes no pod for a
+		// claim it sees being deleted, so a pod made after the deletion began waits for a new
+		// claim: the claims seen may just be older than the pods. Timestamps count whole seconds,
+		// and a claim is often reset in the second its pod was made (the pod the reset was decided
+		// on): such a pod runs on it. Recorded on it wrongly instead, a member healthy on a new
+		// claim is recorded again on the next look.
+		if deletedAt, ok := claimsDeletedAt[claim]; ok && pod.CreationTimestamp.Time.After(deletedAt) {
 			volume = ""
 		}
 		info := plan.Pod{

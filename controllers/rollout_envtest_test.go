@@ -522,9 +522,60 @@ func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 	}
 }
 
+// TestAPodMadeInTheSecondItsClaimsDeletionBeganIsRecordedOnIt: timestamps count whole seconds,
+// and a claim the operator resets is often deleted in the second its pod was made (the pod it was
+// just seen on). That pod runs on the claim, and so does the learner that joins there while the
+// pod is being stopped: the member is recorded on it, so that when the pod comes back on a new,
+// empty claim the lost data is recognised. Judged "newer than the deletion", it was recorded on
+// no claim and stayed down for good (found by TestUpgradeScaleAndHealUnderWrites on the local
+// cluster: a promoted learner crash-looping on a new claim, "tocommit out of range").
+func TestAPodMadeInTheSecondItsClaimsDeletionBeganIsRecordedOnIt(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ns := h.namespace("claimsamesecond")
+	kvc := newKVCluster(ns, "kv", 3)
+	sim := h.formedCluster(kvc, "3.7.3")
+	var sts appsv1.StatefulSet
+	h.get(&sts, ns, "kv")
+
+	var going corev1.PersistentVolumeClaim
+	for attempt := 0; ; attempt++ {
+		// Just after a second begins, so that the pod and the deletion fall in the same one.
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
+		if err := h.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kv-1"}}); err != nil {
+			t.Fatal(err)
+		}
+		sim.uids["kv-1"] = h.putMemberPod(kvc, &sts, 1, true)
+		going = h.holdAndDeleteClaim(ns, "data-kv-1")
+		var pod corev1.Pod
+		h.get(&pod, ns, "kv-1")
+		h.get(&going, ns, "data-kv-1")
+		if pod.CreationTimestamp.Equal(going.DeletionTimestamp) {
+			break
+		}
+		if attempt == 2 {
+			t.Fatalf("could not make pod kv-1 and delete its claim within one second: made %s, deleted %s", pod.CreationTimestamp, going.DeletionTimestamp)
+		}
+		h.deleteClaim(&going) // let it go, and the StatefulSet controller makes a new one
+		delete(sim.uids, "kv-1")
+		sim.sync()
+	}
+	sim.renumber("kv-1", 0x79) // the learner that joined in that pod, promoted
+	h.reconcile(kvc)
+	if got := memberStatus(h.fresh(kvc), "kv-1"); got.ID != "79" || got.VolumeUID != string(going.UID) {
+		t.Fatalf("kv-1 recorded as %s on %q, want 79 on the claim its pod runs on, %q", got.ID, got.VolumeUID, going.UID)
+	}
+
+	sim.backOnAnEmptyClaim("kv-1")
+	h.reconcile(kvc)
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove kv-1"}) {
+		t.Errorf("membership changes = %v, want [remove kv-1]: the member came back on a new, empty volume", calls)
+	}
+}
+
 // TestAPodNewerThanItsClaimsDeletionIsNotRecordedOnIt: a pod made after its claim's deletion
-// began never runs on that claim (the kubelet refuses it), and the claims the operator sees may be
-// older than the pods: a member healthy in such a pod is not recorded on the claim being deleted,
+// began does not run on that claim (the StatefulSet controller makes it once a new claim is
+// there), and the claims the operator sees may be older than the pods: a member healthy in such a pod is not recorded on the claim being deleted,
 // which would later make its real, new claim look like lost data.
 func TestAPodNewerThanItsClaimsDeletionIsNotRecordedOnIt(t *testing.T) {
 	h := newHarness(t)

@@ -183,6 +183,11 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		if why := obs.missingReferences(); !hasPod && why != "" { // it would never start
 			return wait(ReasonPodsNotCreatable, "member %s is missing, and its pod could not be created: %s", specs.MemberName(kvc, ord), why)
 		}
+		if pod, ok := obs.Pods[ord]; ok && pod.Terminating {
+			// etcd in a pod being stopped may still join as the learner, on the volume going
+			// with the pod (one just reset, say): wait for the pod the StatefulSet makes next.
+			return wait(reason, "member %s is missing; waiting for its old pod to stop before adding it", specs.MemberName(kvc, ord))
+		}
 		if !allHealthy {
 			return wait(reason, "member %s is missing; waiting for every voting member to be healthy before adding it", specs.MemberName(kvc, ord))
 		}

@@ -225,6 +225,10 @@ func TestPlanRollout(t *testing.T) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members[:1], s.obs.Cluster.Members[2])
 			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Restarts: 3}
 		}), wantPending: true, wantAction: ActAddLearner, wantMember: "kv-1", wantTo: 0},
+		{name: "lost data: no learner is added while the pod of the reset volume stops (etcd there would join on it)", s: formed(3, to).with(func(s *scenario) {
+			s.obs.Cluster.Members = append(s.obs.Cluster.Members[:1], s.obs.Cluster.Members[2])
+			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Running: true, Terminating: true}
+		}), wantPending: true, wantAction: ActWait, wantMember: "old pod to stop", wantTo: 0, wantReason: ReasonReplacingMember},
 		{name: "lost data: not removed when that would lose the quorum", s: formed(3, to).with(func(s *scenario) {
 			s.member(1).Healthy = false
 			s.member(2).Healthy = false
