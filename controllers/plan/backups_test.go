@@ -378,12 +378,13 @@ func TestOnDemandBackupJobsArePrunedApart(t *testing.T) {
 	}
 }
 
-// A slot that falls while the cluster is created runs once it has formed, within the reconcile
-// that finds it formed: that reconcile's own requeue (at the next slot, or the minute's poll)
-// would wait until the next slot made it a missed one, though nothing kept it from starting.
+// A slot that falls, or a backup asked for, while the cluster is created starts once it has
+// formed, within the reconcile that finds it formed: that reconcile's own requeue (at the next
+// slot, or the minute's poll) would wait until the next slot made the slot a missed one, though
+// nothing kept it from starting.
 // Seen in the chaos test on 2026-12-05 (seed 1796500247459596096): operator restarts and a frozen
 // member made the cluster form 20-odd seconds after its first slot, which never ran.
-func TestASlotDueWhileCreatingRunsWhenTheClusterForms(t *testing.T) {
+func TestBackupsDueWhileCreatingStartWhenTheClusterForms(t *testing.T) {
 	stillForming := func(s *scenario) { s.obs.Cluster.Members = s.obs.Cluster.Members[:1] }
 	for _, tt := range []struct {
 		name     string

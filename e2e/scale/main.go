@@ -370,9 +370,10 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	b.op.setQuiet(true)
 	conns0, requests0 := b.sim.Stats()
 	start = b.op.mark()
-	if dir := os.Getenv("KVC_BENCH_LOGS"); dir != "" {
+	logs := os.Getenv("KVC_BENCH_LOGS")
+	if logs != "" {
 		// Where the idle operator's CPU goes, for whoever reads the logs.
-		if err := b.op.profileCPU(steady, filepath.Join(dir, fmt.Sprintf("idle-cpu-%d.pprof", b.n))); err != nil {
+		if err := b.op.profileCPU(steady, filepath.Join(logs, fmt.Sprintf("idle-cpu-%d.pprof", b.n))); err != nil {
 			return err
 		}
 	} else {
@@ -385,9 +386,9 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	if err := b.measure(&r.steady, start, end); err != nil {
 		return err
 	}
-	if dir := os.Getenv("KVC_BENCH_LOGS"); dir != "" {
+	if logs != "" {
 		// What the idle operator's memory holds (its RSS is in the table).
-		if err := b.op.profileHeap(filepath.Join(dir, fmt.Sprintf("idle-heap-%d.pprof", b.n))); err != nil {
+		if err := b.op.profileHeap(filepath.Join(logs, fmt.Sprintf("idle-heap-%d.pprof", b.n))); err != nil {
 			return err
 		}
 	}
