@@ -214,11 +214,13 @@ func (r *KVClusterReconciler) observePods(ctx context.Context, kvc *kvv1.KVClust
 		// A pod runs on its claim until it stops, even on one being deleted: a member seen healthy
 		// there is recorded on it, so that once the claim is gone and the pod is back on a new,
 		// empty one, the lost data is recognised. The StatefulSet controller makes no pod for a
-		// claim it sees being deleted, so a pod made after the deletion began waits for a new
-		// claim: the claims seen may just be older than the pods. Timestamps count whole seconds,
-		// and a claim is often reset in the second its pod was made (the pod the reset was decided
-		// on): such a pod runs on it. Recorded on it wrongly instead, a member healthy on a new
-		// claim is recorded again on the next look.
+		// claim it sees being deleted (and the old pod's stop outlasts its cache's lag), so a pod
+		// made after the deletion began waits for a new claim: the claims seen may just be older
+		// than the pods. Timestamps count whole seconds, and a claim is often reset in the second
+		// its pod was made (the pod the reset was decided on): such a pod runs on it. One made
+		// after the reset in that second, if the claims seen lag by the seconds its member takes
+		// to join, is recorded on the old claim and again on the next look that finds it healthy;
+		// unhealthy before that, its new claim would be taken for lost data and reset.
 		if deletedAt, ok := claimsDeletedAt[claim]; ok && pod.CreationTimestamp.Time.After(deletedAt) {
 			volume = ""
 		}

@@ -553,8 +553,9 @@ func TestAPodMadeInTheSecondItsClaimsDeletionBeganIsRecordedOnIt(t *testing.T) {
 		if pod.CreationTimestamp.Equal(going.DeletionTimestamp) {
 			break
 		}
-		if attempt == 2 {
-			t.Fatalf("could not make pod kv-1 and delete its claim within one second: made %s, deleted %s", pod.CreationTimestamp, going.DeletionTimestamp)
+		if attempt == 5 {
+			t.Fatalf("could not make pod kv-1 and delete its claim within one second: made %s, deleted %s",
+				pod.CreationTimestamp, going.DeletionTimestamp)
 		}
 		h.deleteClaim(&going) // let it go, and the StatefulSet controller makes a new one
 		delete(sim.uids, "kv-1")
@@ -567,9 +568,15 @@ func TestAPodMadeInTheSecondItsClaimsDeletionBeganIsRecordedOnIt(t *testing.T) {
 	}
 
 	sim.backOnAnEmptyClaim("kv-1")
+	var empty corev1.PersistentVolumeClaim
+	h.get(&empty, ns, "data-kv-1")
 	h.reconcile(kvc)
 	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove kv-1"}) {
 		t.Errorf("membership changes = %v, want [remove kv-1]: the member came back on a new, empty volume", calls)
+	}
+	var now corev1.PersistentVolumeClaim
+	if err := h.client.Get(ctx, client.ObjectKeyFromObject(&empty), &now); err == nil && now.UID == empty.UID && now.DeletionTimestamp == nil {
+		t.Errorf("the new, empty claim %s was not reset", empty.UID)
 	}
 }
 

@@ -115,8 +115,8 @@ type Pod struct {
 	Created time.Time
 	// Restarts of the etcd container.
 	Restarts int32
-	// VolumeUID is the UID of the pod's data claim, one being deleted too (if the pod is older);
-	// empty while it has none.
+	// VolumeUID is the UID of the pod's data claim, one being deleted too (unless the pod was
+	// made in a later second than the deletion began); empty while it has none.
 	VolumeUID types.UID
 	// Transport is how its member listens (specs.PodTransport); nil when unknown.
 	Transport *specs.Transport

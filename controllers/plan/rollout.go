@@ -66,6 +66,16 @@ type Rollout struct {
 	Message string
 }
 
+// lostData: the member's pod runs, not on the volume the member was last seen healthy on, but on
+// another: the member's data is lost, and etcd there took its identity and can never answer.
+func lostData(kvc *kvv1.KVCluster, m members.Member, pod Pod, hasPod bool) bool {
+	if m.Healthy || !m.Started() || !hasPod || pod.Terminating || pod.VolumeUID == "" {
+		return false
+	}
+	recorded := recordedVolume(kvc, m)
+	return recorded != "" && recorded != pod.VolumeUID
+}
+
 func wait(reason, format string, args ...any) Rollout {
 	return Rollout{Pending: true, Action: ActWait, Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
@@ -137,6 +147,13 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 			// holds nothing the cluster needs.
 			return Rollout{Pending: true, Action: ActWipeLearner, Ordinal: ord, MemberID: learner.ID, PodUID: pod.UID, VolumeUID: pod.VolumeUID, Reason: ReasonScaling,
 				Message: fmt.Sprintf("member %s cannot start as a learner (%d restarts); deleting its pod and volume so it joins empty", name, pod.Restarts)}
+		case lostData(kvc, *learner, pod, hasPod):
+			// It joined on a volume that has gone since (one being reset as it started, say).
+			return Rollout{Pending: true, Action: ActRemove, Ordinal: ord, MemberID: learner.ID, PodUID: pod.UID, VolumeUID: pod.VolumeUID, Reason: ReasonReplacingMember,
+				Message: fmt.Sprintf("learner %s came back on a new, empty volume (its data is lost); resetting that volume and removing it from etcd to add it back", name)}
+		case hasPod && pod.Terminating:
+			// Promoted now, a member whose volume goes with its pod would come back without its data.
+			return wait(ReasonScaling, "member %s is joining as a learner; waiting for its pod, being stopped, to come back before promoting it", name)
 		case learner.Healthy && learner.Started():
 			return Rollout{Pending: true, Action: ActPromote, Ordinal: ord, MemberID: learner.ID, Reason: ReasonScaling,
 				Message: fmt.Sprintf("promoting learner %s to a voting member once it is in sync", name)}
@@ -151,11 +168,7 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 	for _, ord := range ordinals {
 		m := byOrdinal[ord]
 		pod, ok := obs.Pods[ord]
-		if m.Healthy || !m.Started() || !ok || pod.Terminating || pod.VolumeUID == "" {
-			continue
-		}
-		recorded := recordedVolume(kvc, m)
-		if recorded == "" || recorded == pod.VolumeUID {
+		if !lostData(kvc, m, pod, ok) {
 			continue
 		}
 		if healthyVoting < int(specs.Quorum(int32(voting-1))) {
@@ -186,7 +199,7 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		if pod, ok := obs.Pods[ord]; ok && pod.Terminating {
 			// etcd in a pod being stopped may still join as the learner, on the volume going
 			// with the pod (one just reset, say): wait for the pod the StatefulSet makes next.
-			return wait(reason, "member %s is missing; waiting for its old pod to stop before adding it", specs.MemberName(kvc, ord))
+			return wait(reason, "member %s is missing; waiting for its old pod to stop before adding it (a pod whose node is gone stops only when deleted with --force)", specs.MemberName(kvc, ord))
 		}
 		if !allHealthy {
 			return wait(reason, "member %s is missing; waiting for every voting member to be healthy before adding it", specs.MemberName(kvc, ord))

@@ -229,6 +229,21 @@ func TestPlanRollout(t *testing.T) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members[:1], s.obs.Cluster.Members[2])
 			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Running: true, Terminating: true}
 		}), wantPending: true, wantAction: ActWait, wantMember: "old pod to stop", wantTo: 0, wantReason: ReasonReplacingMember},
+		{name: "lost data: a learner is not promoted while its pod is being stopped (its volume may go with it)", s: formed(3, to).with(func(s *scenario) {
+			s.member(1).Learner = true
+			p := s.obs.Pods[1]
+			p.Terminating = true
+			s.obs.Pods[1] = p
+		}), wantPending: true, wantAction: ActWait, wantMember: "being stopped", wantTo: 0, wantReason: ReasonScaling},
+		{name: "lost data: a learner back on a new volume is removed, and that volume reset", s: formed(3, to).with(func(s *scenario) {
+			s.member(1).Learner, s.member(1).Healthy = true, false
+			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Running: true, Restarts: 2}
+		}), wantPending: true, wantAction: ActRemove, wantMember: "kv-1", wantTo: 0, wantReason: ReasonReplacingMember,
+			check: func(t *testing.T, got Rollout) {
+				if got.PodUID != "pod-kv-1b" || got.VolumeUID != "vol-new" {
+					t.Errorf("resets pod %q and claim %q, want the pod and new claim observed (pod-kv-1b, vol-new)", got.PodUID, got.VolumeUID)
+				}
+			}},
 		{name: "lost data: not removed when that would lose the quorum", s: formed(3, to).with(func(s *scenario) {
 			s.member(1).Healthy = false
 			s.member(2).Healthy = false
