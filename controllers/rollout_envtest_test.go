@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"slices"
 	"strings"
@@ -489,7 +490,6 @@ func TestAMemberThatLostItsDataIsReplaced(t *testing.T) {
 // like that, judging by its final status: a dbSize recorded, no volume).
 func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 	h := newHarness(t)
-	ctx := context.Background()
 	ns := h.namespace("claimgoing")
 	kvc := newKVCluster(ns, "kv", 3)
 	sim := h.formedCluster(kvc, "3.7.3")
@@ -499,24 +499,7 @@ func TestAMemberSeenOnlyOnAClaimBeingDeletedIsReplacedWhenItGoes(t *testing.T) {
 	// is older than the deletion (timestamps count seconds).
 	time.Sleep(1100 * time.Millisecond)
 	going := h.holdAndDeleteClaim(ns, "data-kv-1")
-	sim.renumber("kv-1", 0x77)
-	h.reconcile(kvc)
-	if got := memberStatus(h.fresh(kvc), "kv-1"); got.ID != "77" || got.VolumeUID != string(going.UID) {
-		t.Fatalf("kv-1 recorded as %s on %q, want 77 on the claim it runs on, %q", got.ID, got.VolumeUID, going.UID)
-	}
-
-	// Its pod stops: the claim goes, and the pod comes back on an empty one.
-	sim.backOnAnEmptyClaim("kv-1")
-	var empty corev1.PersistentVolumeClaim
-	h.get(&empty, ns, "data-kv-1")
-	h.reconcile(kvc)
-	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove kv-1"}) {
-		t.Errorf("membership changes = %v, want [remove kv-1]: the member came back on a new, empty volume", calls)
-	}
-	var now corev1.PersistentVolumeClaim
-	if err := h.client.Get(ctx, client.ObjectKeyFromObject(&empty), &now); err == nil && now.UID == empty.UID && now.DeletionTimestamp == nil {
-		t.Errorf("the new, empty claim %s was not reset", empty.UID)
-	}
+	sim.recordedOnThenReplaced("kv-1", 0x77, going)
 	if ev := drainEvents(h); !strings.Contains(ev, plan.EventMemberVolumeReset) {
 		t.Errorf("events lack %s: %s", plan.EventMemberVolumeReset, ev)
 	}
@@ -561,22 +544,32 @@ func TestAPodMadeInTheSecondItsClaimsDeletionBeganIsRecordedOnIt(t *testing.T) {
 		delete(sim.uids, "kv-1")
 		sim.sync()
 	}
-	sim.renumber("kv-1", 0x79) // the learner that joined in that pod, promoted
-	h.reconcile(kvc)
-	if got := memberStatus(h.fresh(kvc), "kv-1"); got.ID != "79" || got.VolumeUID != string(going.UID) {
-		t.Fatalf("kv-1 recorded as %s on %q, want 79 on the claim its pod runs on, %q", got.ID, got.VolumeUID, going.UID)
+	sim.recordedOnThenReplaced("kv-1", 0x79, going) // the learner that joined in that pod, promoted
+}
+
+// recordedOnThenReplaced plays the member in a pod on the claim going (being deleted) removed and
+// added back under id, started and promoted: it is recorded on that claim; then its pod stops, the
+// claim goes, and the pod comes back on an empty one, where the member is removed and that claim
+// reset.
+func (s *memberSim) recordedOnThenReplaced(name string, id uint64, going corev1.PersistentVolumeClaim) {
+	h, ctx := s.h, context.Background()
+	h.t.Helper()
+	s.renumber(name, id)
+	h.reconcile(s.kvc)
+	if got := memberStatus(h.fresh(s.kvc), name); got.ID != fmt.Sprintf("%x", id) || got.VolumeUID != string(going.UID) {
+		h.t.Fatalf("%s recorded as %s on %q, want %x on the claim its pod runs on, %q", name, got.ID, got.VolumeUID, id, going.UID)
 	}
 
-	sim.backOnAnEmptyClaim("kv-1")
+	s.backOnAnEmptyClaim(name)
 	var empty corev1.PersistentVolumeClaim
-	h.get(&empty, ns, "data-kv-1")
-	h.reconcile(kvc)
-	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove kv-1"}) {
-		t.Errorf("membership changes = %v, want [remove kv-1]: the member came back on a new, empty volume", calls)
+	h.get(&empty, going.Namespace, going.Name)
+	h.reconcile(s.kvc)
+	if calls := h.members.takeCalls(); !slices.Equal(calls, []string{"remove " + name}) {
+		h.t.Errorf("membership changes = %v, want [remove %s]: the member came back on a new, empty volume", calls, name)
 	}
 	var now corev1.PersistentVolumeClaim
 	if err := h.client.Get(ctx, client.ObjectKeyFromObject(&empty), &now); err == nil && now.UID == empty.UID && now.DeletionTimestamp == nil {
-		t.Errorf("the new, empty claim %s was not reset", empty.UID)
+		h.t.Errorf("the new, empty claim %s was not reset", empty.UID)
 	}
 }
 
