@@ -575,8 +575,9 @@ func (s *memberSim) recordedOnThenReplaced(name string, id uint64, going corev1.
 
 // TestAPodNewerThanItsClaimsDeletionIsNotRecordedOnIt: a pod made after its claim's deletion
 // began does not run on that claim (the StatefulSet controller makes it once a new claim is
-// there), and the claims the operator sees may be older than the pods: a member healthy in such a pod is not recorded on the claim being deleted,
-// which would later make its real, new claim look like lost data.
+// there), and the claims the operator sees may be older than the pods: a member healthy in such a
+// pod is not recorded on the claim being deleted, which would later make its real, new claim look
+// like lost data.
 func TestAPodNewerThanItsClaimsDeletionIsNotRecordedOnIt(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()

@@ -189,14 +189,14 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 			continue
 		}
 		reason := ReasonScaling
-		_, hasPod := obs.Pods[ord]
+		pod, hasPod := obs.Pods[ord]
 		if hasPod { // a scale-up's pod is only created after its member is added
 			reason = ReasonReplacingMember
 		}
 		if why := obs.missingReferences(); !hasPod && why != "" { // it would never start
 			return wait(ReasonPodsNotCreatable, "member %s is missing, and its pod could not be created: %s", specs.MemberName(kvc, ord), why)
 		}
-		if pod, ok := obs.Pods[ord]; ok && pod.Terminating {
+		if hasPod && pod.Terminating {
 			// etcd in a pod being stopped may still join as the learner, on the volume going
 			// with the pod (one just reset, say): wait for the pod the StatefulSet makes next.
 			return wait(reason, "member %s is missing; waiting for its old pod to stop before adding it (a pod whose node is gone stops only when deleted with --force)", specs.MemberName(kvc, ord))
