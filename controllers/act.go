@@ -564,8 +564,12 @@ func (r *KVClusterReconciler) freeSpace(ctx context.Context, kvc *kvv1.KVCluster
 		case !step.Active:
 			action, why = "Defragment", "in routine operation (spec.space.defragmentation)"
 		}
+		member := step.Defragment
+		if step.Leader {
+			member += " (the leader)"
+		}
 		r.Recorder.Eventf(kvc, memberPod(kvc, step.Defragment), corev1.EventTypeNormal, plan.EventMemberDefragmented, action,
-			"defragmented %s in %s %s, returning its free pages to the disk (it served no request meanwhile)", step.Defragment, r.Clock.Since(start).Round(time.Millisecond), why)
+			"defragmented %s in %s %s, returning its free pages to the disk (it served no request meanwhile)", member, r.Clock.Since(start).Round(time.Millisecond), why)
 		return 0, step.Defragment, false
 	case len(step.Disarm) > 0:
 		for _, a := range step.Disarm {

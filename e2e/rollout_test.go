@@ -37,6 +37,10 @@ type writerReport struct {
 	Checked                  bool     `json:"checked"`
 	Missing                  []string `json:"missing"`
 	Present                  int      `json:"present"`
+	Failures                 []struct {
+		Sent, Failed time.Time
+		Error        string
+	} `json:"failures"`
 }
 
 // String says what the writer saw, with when its longest outage began (to match with events).

@@ -49,6 +49,88 @@ func timeline(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, object
 	return out
 }
 
+// defragmentation is one MemberDefragmented event of the operator's: the member, whether it led
+// the cluster then, and when the operator defragmented it (the event's time less the time it says
+// the member took).
+type defragmentation struct {
+	Member   string
+	Leader   bool
+	From, To time.Time
+}
+
+// defragmentations are the cluster's MemberDefragmented events since since, oldest first.
+func defragmentations(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, since time.Time) []defragmentation {
+	t.Helper()
+	var evs corev1.EventList
+	if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &evs); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortStableFunc(evs.Items, func(a, b corev1.Event) int { return a.EventTime.Compare(b.EventTime.Time) })
+	var out []defragmentation
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Name != kvc.Name || e.Reason != "MemberDefragmented" || e.EventTime.Time.Before(since) {
+			continue
+		}
+		// "defragmented kv-2 (the leader) in 47ms in routine operation ..."
+		rest, _ := strings.CutPrefix(e.Message, "defragmented ")
+		name, rest, _ := strings.Cut(rest, " ")
+		rest, leader := strings.CutPrefix(rest, "(the leader) ")
+		rest, _ = strings.CutPrefix(rest, "in ")
+		took, _, _ := strings.Cut(rest, " ")
+		d, err := time.ParseDuration(took)
+		if err != nil {
+			t.Fatalf("event %q: no time taken: %v", e.Message, err)
+		}
+		out = append(out, defragmentation{Member: name, Leader: leader, From: e.EventTime.Add(-d), To: e.EventTime.Time})
+	}
+	return out
+}
+
+// checkLeaderLast: the operator defragmented every member of the cluster once, the leader (as it
+// observed it) last. Leadership may move on a loaded machine: then no member is the leader when
+// its turn comes, or the one that is goes last all the same.
+func checkLeaderLast(t *testing.T, kvc *kvv1.KVCluster, done []defragmentation) {
+	t.Helper()
+	var order, want []string
+	for i, d := range done {
+		order = append(order, d.Member)
+		if d.Leader && i != len(done)-1 {
+			t.Errorf("defragmented %s, the leader, before others: %+v", d.Member, done)
+		}
+	}
+	for _, m := range kvc.Status.Members {
+		want = append(want, m.Name)
+	}
+	if slices.Sort(order); !slices.Equal(order, want) {
+		t.Errorf("defragmented %+v; want each member of %v once", done, want)
+	}
+	if len(done) > 0 && !done[len(done)-1].Leader {
+		t.Logf("no member was the leader when the operator defragmented it (leadership moved meanwhile)")
+	}
+}
+
+// checkNoWriteFailedDefragmenting: no write of the writer's that failed since since was in flight
+// while a member was defragmented, or in the 3 s after (the time for an election, should a
+// defragmentation stall the leader past etcd's 1 s election timeout). Writes fail at other times
+// too on a loaded machine (a leader election): those are logged.
+func checkNoWriteFailedDefragmenting(t *testing.T, rep writerReport, done []defragmentation, since time.Time) {
+	t.Helper()
+	for _, f := range rep.Failures {
+		if f.Failed.Before(since) {
+			continue
+		}
+		i := slices.IndexFunc(done, func(d defragmentation) bool {
+			return !f.Sent.After(d.To.Add(3*time.Second)) && !f.Failed.Before(d.From)
+		})
+		if i < 0 {
+			t.Logf("a write failed while no member was defragmented: sent %s, failed %s: %s", f.Sent.Format(time.StampMilli), f.Failed.Format(time.StampMilli), f.Error)
+			continue
+		}
+		t.Errorf("a write failed while %s was defragmented (%s to %s): sent %s, failed %s: %s", done[i].Member, done[i].From.Format(time.StampMilli),
+			done[i].To.Format(time.StampMilli), f.Sent.Format(time.StampMilli), f.Failed.Format(time.StampMilli), f.Error)
+	}
+}
+
 // readyUnderWriter creates the cluster in a new namespace named after prefix, waits for it to be
 // Ready and starts the writer on it.
 func readyUnderWriter(ctx context.Context, t *testing.T, cfg *envconf.Config, prefix string, kvc *kvv1.KVCluster) {
@@ -76,10 +158,10 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 			readyUnderWriter(ctx, t, cfg, "kvc-space", kvc)
 			return ctx
 		}).
-		Assess("overwrites compacted away by etcd: the operator defragments every member under the writer, the leader last, with no write failing",
+		Assess("overwrites compacted away by etcd: the operator defragments every member under the writer, the leader last, failing no write",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 				writerAsk(ctx, t, cfg, kvc, "report", "reset", "true") // the longest stall from here on
-				before := writerAsk(ctx, t, cfg, kvc, "report")
+				before, start := writerAsk(ctx, t, cfg, kvc, "report"), time.Now()
 				raw, err := writerGet(ctx, t, cfg, kvc, "fill", "key", "e2e/space/churn", "kib", "512", "puts", "28")
 				var fill fillReport
 				if err != nil || json.Unmarshal(raw, &fill) != nil || fill.Puts != 28 {
@@ -116,29 +198,23 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				rep := writerAsk(ctx, t, cfg, kvc, "report", "reset", "true")
 				t.Logf("every member defragmented %s after the fill; writes failed meanwhile: %d; the longest the writer went without a write: %d ms",
 					time.Since(filled).Round(time.Second), rep.Failed-before.Failed, rep.LongestUnavailableMillis)
-				var order []string
 				for _, e := range events {
 					if strings.HasPrefix(e, "MemberDefragmented: ") {
 						t.Logf("%s", e)
-						name, _, _ := strings.Cut(strings.TrimPrefix(e, "MemberDefragmented: defragmented "), " ")
-						order = append(order, name)
 					}
 				}
-				if _, _, leader := votingMembers(got); len(order) != 3 || order[2] != leader {
-					t.Errorf("defragmented %q; want each member once, the leader (%s) last", order, leader)
-				}
+				done := defragmentations(ctx, t, cfg, got, start)
+				checkLeaderLast(t, got, done)
+				checkNoWriteFailedDefragmenting(t, rep, done, start)
 				for _, m := range got.Status.Members {
 					t.Logf("%s: database file of %d bytes after the fill, %v after defragmenting (%v in use)", m.Name, largest[m.Name], m.DBSize, m.DBSizeInUse)
 					if largest[m.Name] < 12<<20 {
 						t.Errorf("%s: database file of %d bytes after the fill; want 12Mi or more (half the quota: worth defragmenting)", m.Name, largest[m.Name])
 					}
 				}
-				if rep.Failed != before.Failed {
-					t.Errorf("%d writes failed while members were defragmented (last error: %s)", rep.Failed-before.Failed, rep.LastError)
-				}
 				return ctx
 			}).
-		Assess("kvcluster.io/defragment-now: every member once more, at once, though just defragmented, with no write failing",
+		Assess("kvcluster.io/defragment-now: every member once more, at once, though just defragmented, failing no write",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 				before := writerAsk(ctx, t, cfg, kvc, "report")
 				token := "e2e-" + time.Now().UTC().Format("20060102T150405Z")
@@ -157,10 +233,15 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 						strings.Join(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name), "\n"))
 				}
 				r := got.Status.DefragmentRequest
-				_, _, leader := votingMembers(got)
-				if r.State != kvv1.BackupRequestSucceeded || len(r.Defragmented) != 3 || r.Defragmented[2] != leader {
-					t.Errorf("status.defragmentRequest %+v; want Succeeded, each member once, the leader (%s) last", *r, leader)
+				done := defragmentations(ctx, t, cfg, got, asked)
+				var names []string
+				for _, d := range done {
+					names = append(names, d.Member)
 				}
+				if r.State != kvv1.BackupRequestSucceeded || !slices.Equal(r.Defragmented, names) {
+					t.Errorf("status.defragmentRequest %+v; want Succeeded, listing the members of the events %+v", *r, done)
+				}
+				checkLeaderLast(t, got, done)
 				for _, m := range got.Status.Members {
 					if m.LastDefragmentTime == nil || m.LastDefragmentTime.Time.Before(asked.Add(-time.Second)) {
 						t.Errorf("%s: lastDefragmentTime %v, want after the request (%s)", m.Name, m.LastDefragmentTime, asked.Format(time.RFC3339))
@@ -168,9 +249,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				}
 				rep := writerAsk(ctx, t, cfg, kvc, "report")
 				t.Logf("defragmented %v %s after the annotation; writes failed meanwhile: %d", r.Defragmented, time.Since(asked).Round(time.Second), rep.Failed-before.Failed)
-				if rep.Failed != before.Failed {
-					t.Errorf("%d writes failed while members were defragmented (last error: %s)", rep.Failed-before.Failed, rep.LastError)
-				}
+				checkNoWriteFailedDefragmenting(t, rep, done, asked)
 				return ctx
 			}).
 		Assess("overwriting one key until etcd refuses: compacted, defragmented follower by follower and the leader last, disarmed, no write lost",
@@ -237,28 +316,19 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 					case "NoSpace", "SpaceExhausted", "SpaceCompacted", "NoSpaceDisarmed", "SpaceRecovered":
 						steps = append(steps, reason)
 					case "MemberDefragmented":
-						name, _, _ := strings.Cut(strings.TrimPrefix(e, "MemberDefragmented: defragmented "), " ")
-						steps = append(steps, "defragmented "+name)
+						steps = append(steps, "a member defragmented")
 					case "FreeSpaceFailed":
 						t.Errorf("a step failed: %s", e)
 					}
 				}
 				t.Logf("events:\n%s", strings.Join(events, "\n"))
 				t.Logf("steps: %s", strings.Join(steps, ", "))
-				_, _, leader := votingMembers(got) // defragmenting the leader does not move leadership
 				// Every member past the mark once after the compaction: the followers, then the leader.
-				want := []string{"NoSpace", "SpaceCompacted", "a follower", "a follower", "defragmented " + leader, "NoSpaceDisarmed", "SpaceRecovered"}
-				var saw []string
-				for i, step := range steps {
-					if i < len(want) && want[i] == "a follower" && strings.HasPrefix(step, "defragmented ") && step != "defragmented "+leader && !slices.Contains(saw, step) {
-						saw = append(saw, step)
-						step = "a follower"
-					}
-					steps[i] = step
-				}
+				want := []string{"NoSpace", "SpaceCompacted", "a member defragmented", "a member defragmented", "a member defragmented", "NoSpaceDisarmed", "SpaceRecovered"}
 				if !slices.Equal(steps, want) {
-					t.Errorf("steps %q, want %q (the leader: %s)", steps, want, leader)
+					t.Errorf("steps %q, want %q", steps, want)
 				}
+				checkLeaderLast(t, got, defragmentations(ctx, t, cfg, got, filled))
 				for _, m := range got.Status.Members {
 					if m.DBSize == nil || got.Status.BackendQuota == nil || m.DBSize.Value()*100 >= got.Status.BackendQuota.Value()*80 || len(m.Alarms) != 0 {
 						t.Errorf("member %s after recovery: %v of %v, alarms %v", m.Name, m.DBSize, got.Status.BackendQuota, m.Alarms)

@@ -69,8 +69,10 @@ type FreeSpace struct {
 	// disarmed is observed (Observation.Compacted, Defragmented, Disarmed) and planned again, to
 	// record it in status.
 	CompactTo int64
-	// Defragment is the member to defragment, at Endpoint ("": none).
+	// Defragment is the member to defragment, at Endpoint ("": none). Leader: it leads the
+	// cluster as observed (the leader goes last, and its event says so).
 	Defragment, Endpoint string
+	Leader               bool
 	// Disarm are the NOSPACE alarms to clear: there is room again.
 	Disarm []members.Alarm
 	// Exhausted: compacted and defragmented as far as the operator does, and still no room;
@@ -172,7 +174,7 @@ func planFreeSpace(kvc *kvv1.KVCluster, obs Observation, phase kvv1.Phase, stale
 			step.TooLarge = append(step.TooLarge, m.Name)
 			return false
 		}
-		step.Defragment, step.Endpoint = m.Name, specs.MemberClientURL(kvc, scheme, ord)
+		step.Defragment, step.Endpoint, step.Leader = m.Name, specs.MemberClientURL(kvc, scheme, ord), m.ID == leader.ID
 		return true
 	}
 	for _, m := range obs.Cluster.Members { // sorted by name
@@ -234,7 +236,7 @@ func planRoutineDefragmentation(kvc *kvv1.KVCluster, obs Observation, phase kvv1
 		if last := lastDefragmented(kvc, m); last != nil && !last.Time.Before(doneSince) {
 			continue
 		}
-		return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord)}
+		return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord), Leader: m.ID == leader.ID}
 	}
 	return FreeSpace{}
 }
@@ -424,7 +426,7 @@ func answerDefragmentRequest(kvc *kvv1.KVCluster, obs Observation, st *kvv1.KVCl
 			case m.DBSize > maxOnlineDefragmentBytes:
 				tooLarge = append(tooLarge, m.Name)
 			default:
-				return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord), Requested: token}, true, events
+				return FreeSpace{Defragment: m.Name, Endpoint: specs.MemberClientURL(kvc, scheme, ord), Leader: m.ID == leader.ID, Requested: token}, true, events
 			}
 		}
 		if len(tooLarge) > 0 {

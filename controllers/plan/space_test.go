@@ -184,6 +184,18 @@ var all = []int{0, 1, 2}
 // pages are worth it; the alarm is disarmed once every database is below the mark; with no room
 // even then, the condition says what a person can do. Nothing is done for an inherited alarm,
 // during a rollout, or while a member does not answer.
+// checkDefragmentTarget: the step names the member's own client URL, and says whether it leads
+// the cluster as observed.
+func checkDefragmentTarget(t *testing.T, s *scenario, f FreeSpace) {
+	t.Helper()
+	if !strings.Contains(f.Endpoint, "//"+f.Defragment+".") {
+		t.Errorf("defragments %s at %s", f.Defragment, f.Endpoint)
+	}
+	if leader, _ := s.obs.Cluster.Leader(); f.Leader != (f.Defragment == leader.Name) {
+		t.Errorf("defragments %s with Leader %v; the leader is %q", f.Defragment, f.Leader, leader.Name)
+	}
+}
+
 func TestFreeSpace(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -311,9 +323,7 @@ func TestFreeSpace(t *testing.T) {
 			}
 			if f.Defragment != "" {
 				got = append(got, "defragment "+f.Defragment)
-				if !strings.Contains(f.Endpoint, "//"+f.Defragment+".") {
-					t.Errorf("defragments %s at %s", f.Defragment, f.Endpoint)
-				}
+				checkDefragmentTarget(t, tt.s, f)
 			}
 			for _, a := range f.Disarm {
 				got = append(got, fmt.Sprintf("disarm %x", a.MemberID))
@@ -454,8 +464,8 @@ func TestRoutineDefragmentation(t *testing.T) {
 			if f.Defragment != tt.want || f.Active || f.CompactTo != 0 {
 				t.Errorf("defragment %q (active %v, compact %d); want %q", f.Defragment, f.Active, f.CompactTo, tt.want)
 			}
-			if f.Defragment != "" && !strings.Contains(f.Endpoint, "//"+f.Defragment+".") {
-				t.Errorf("defragments %s at %s", f.Defragment, f.Endpoint)
+			if f.Defragment != "" {
+				checkDefragmentTarget(t, tt.s, f)
 			}
 		})
 	}
@@ -584,6 +594,9 @@ func TestDefragmentRequest(t *testing.T) {
 			p := Make(tt.s.kvc, tt.s.obs, t0, Config{})
 			if f := p.FreeSpace; f.Defragment != tt.want || f.Defragment != "" && f.Requested == "" && tt.wantState == kvv1.BackupRequestRunning {
 				t.Errorf("defragment %q (asked for with %q); want %q", f.Defragment, f.Requested, tt.want)
+			}
+			if f := p.FreeSpace; f.Defragment != "" {
+				checkDefragmentTarget(t, tt.s, f)
 			}
 			req := p.Status.DefragmentRequest
 			if req == nil {

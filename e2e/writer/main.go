@@ -56,7 +56,20 @@ type Report struct {
 	Checked                 bool     `json:"checked"`
 	Missing                 []string `json:"missing,omitempty"`
 	Present                 int      `json:"present"`
+	// Failures are the last failed writes (up to maxFailures), oldest first: to tell the ones a
+	// step of the operator caused from others (a leader election on a loaded machine).
+	Failures []Failure `json:"failures,omitempty"`
 }
+
+// Failure is a write that failed: when it was sent, when it failed, and why.
+type Failure struct {
+	Sent   time.Time `json:"sent"`
+	Failed time.Time `json:"failed"`
+	Error  string    `json:"error"`
+}
+
+// maxFailures bounds the failures a report lists.
+const maxFailures = 100
 
 // etcdClient is what the writer needs of a *clientv3.Client (a fake in unit tests).
 type etcdClient interface {
@@ -79,6 +92,7 @@ type writer struct {
 	longest     time.Duration
 	longestFrom time.Time
 	lastErr     string
+	failures    []Failure
 	stopped     bool
 }
 
@@ -93,14 +107,19 @@ func (w *writer) run(ctx context.Context, interval time.Duration) {
 			return
 		}
 		key := fmt.Sprintf("%s%08d", w.prefix, i)
+		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := cli.Put(cctx, key, time.Now().UTC().Format(time.RFC3339Nano))
+		_, err := cli.Put(cctx, key, sent.UTC().Format(time.RFC3339Nano))
 		cancel()
 		now := time.Now()
 		w.mu.Lock()
 		if err != nil {
 			w.failed++
 			w.lastErr = err.Error()
+			w.failures = append(w.failures, Failure{Sent: sent, Failed: now, Error: w.lastErr})
+			if len(w.failures) > maxFailures {
+				w.failures = slices.Delete(w.failures, 0, len(w.failures)-maxFailures)
+			}
 		} else {
 			w.acked = append(w.acked, key)
 			if !w.lastSuccess.IsZero() { // measured from the first success: connecting is not an outage
@@ -133,7 +152,8 @@ func (w *writer) report() Report {
 	if !w.stopped && !w.lastSuccess.IsZero() && time.Since(w.lastSuccess) > longest {
 		longest, from = time.Since(w.lastSuccess), w.lastSuccess
 	}
-	rep := Report{Acknowledged: len(w.acked), Failed: w.failed, LongestUnavailableMillis: longest.Milliseconds(), LastError: w.lastErr}
+	rep := Report{Acknowledged: len(w.acked), Failed: w.failed, LongestUnavailableMillis: longest.Milliseconds(), LastError: w.lastErr,
+		Failures: slices.Clone(w.failures)}
 	if !from.IsZero() {
 		rep.LongestUnavailableSince = from.UTC().Format(time.RFC3339Nano)
 	}
@@ -339,7 +359,8 @@ func main() {
 			checker = &writer{cli: other, prefix: w.prefix}
 			w.stop()
 			w.mu.Lock()
-			checker.acked, checker.failed, checker.longest, checker.longestFrom, checker.lastSuccess, checker.lastErr = w.acked, w.failed, w.longest, w.longestFrom, w.lastSuccess, w.lastErr
+			checker.acked, checker.failed, checker.longest, checker.longestFrom, checker.lastSuccess, checker.lastErr, checker.failures =
+				w.acked, w.failed, w.longest, w.longestFrom, w.lastSuccess, w.lastErr, w.failures
 			w.mu.Unlock()
 		}
 		rep, err := checker.check(r.Context())

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,5 +75,44 @@ func TestStopReportCountsTheWriteInFlight(t *testing.T) {
 	}
 	if !rep.Checked || rep.Present != 1 || len(rep.Missing) != 0 {
 		t.Errorf("check: %+v, want the one acknowledged write present", rep)
+	}
+}
+
+// refusingEtcd refuses every put, numbering its refusals.
+type refusingEtcd struct {
+	clientv3.KV
+	refused atomic.Int64
+}
+
+func (r *refusingEtcd) Put(context.Context, string, string, ...clientv3.OpOption) (*clientv3.PutResponse, error) {
+	return nil, fmt.Errorf("etcdserver: leader changed (%d)", r.refused.Add(1))
+}
+
+func (*refusingEtcd) Close() error { return nil }
+
+// A test matches each failed write with what the operator did then: the report lists the last
+// failures, oldest first, with when each was sent and failed.
+func TestReportListsTheLastFailuresWithTheirTimes(t *testing.T) {
+	etcd := &refusingEtcd{}
+	w := &writer{cli: etcd, prefix: "k/"}
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	loopDone := make(chan struct{})
+	go func() { defer close(loopDone); w.run(ctx, 0) }()
+	for w.report().Failed < maxFailures+10 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-loopDone
+
+	rep := w.report()
+	if len(rep.Failures) != maxFailures || rep.Failed != int(etcd.refused.Load()) {
+		t.Fatalf("%d failures listed, %d counted, %d refused; want the last %d listed, all counted", len(rep.Failures), rep.Failed, etcd.refused.Load(), maxFailures)
+	}
+	for i, f := range rep.Failures {
+		want := fmt.Sprintf("etcdserver: leader changed (%d)", rep.Failed-maxFailures+1+i)
+		if f.Error != want || f.Sent.Before(start) || f.Failed.Before(f.Sent) || i > 0 && f.Sent.Before(rep.Failures[i-1].Failed) {
+			t.Fatalf("failure %d: %+v; want %q, sent after the start, before it failed and after the one before failed", i, f, want)
+		}
 	}
 }
