@@ -218,7 +218,7 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	go func() { _ = sim.Serve(l) }()
 
 	var results []*result
-	for _, n := range ns {
+	for i, n := range ns {
 		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}, perCluster: perCluster}
 		results = append(results, b.r)
 		op, err := startOperator(work, cp.kubeconfig, l.Addr().String(), workers)
@@ -228,11 +228,32 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 		b.op = op
 		err = b.scenarios(ctx, steady, frozenShare)
 		op.shutdown()
+		if err == nil && i < len(ns)-1 {
+			err = b.clear(ctx)
+		}
 		if err != nil {
 			return results, fmt.Errorf("N=%d: %w", n, err)
 		}
 	}
 	return results, nil
+}
+
+// clear deletes the fleet's namespace and waits until it is gone, so that the next fleet size
+// starts once this one's objects are, not while the garbage collector and the provisioner still
+// work through them on the same cores. After the last size nothing waits for it. The namespace
+// controller deletes thousands of pods and events by collection: one such request can outlast
+// the API server's minute at N=1,000, and is retried after a backoff, so the wait grows with N.
+func (b *bench) clear(ctx context.Context) error {
+	if err := b.cp.c.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.namespace}}); err != nil {
+		return err
+	}
+	timeout := 5*time.Minute + time.Duration(b.n)*300*time.Millisecond
+	if left := waitAll([]types.NamespacedName{{Name: b.namespace}}, timeout, func(c types.NamespacedName) bool {
+		return apierrors.IsNotFound(b.cp.c.Get(ctx, c, &corev1.Namespace{}))
+	}); left > 0 {
+		return fmt.Errorf("namespace %s not gone %s after its deletion", b.namespace, timeout)
+	}
+	return nil
 }
 
 // keepLogs copies the logs of the operator, the provisioner, kwok and the controller manager, and
@@ -470,17 +491,6 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	r.delete.clusters = len(fleet)
 	if err := b.measure(&r.delete, start, end); err != nil {
 		return err
-	}
-	// The next fleet size starts once this one's objects are gone, not while the garbage
-	// collector and the provisioner still work through them on the same cores.
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.namespace}}
-	if err := b.cp.c.Delete(ctx, ns); err != nil {
-		return err
-	}
-	if left := waitAll([]types.NamespacedName{{Name: b.namespace}}, 5*time.Minute, func(c types.NamespacedName) bool {
-		return apierrors.IsNotFound(b.cp.c.Get(ctx, c, &corev1.Namespace{}))
-	}); left > 0 {
-		return fmt.Errorf("namespace %s not gone 5 minutes after its deletion", b.namespace)
 	}
 	if r.upgrade.notDone > 0 || r.delete.notDone > 0 {
 		return fmt.Errorf("%d clusters did not finish the upgrade, %d were not deleted", r.upgrade.notDone, r.delete.notDone)
