@@ -160,7 +160,7 @@ func TestDefragmentNowDefragmentsEveryMemberOncePerToken(t *testing.T) {
 		t.Errorf("status.defragmentRequest = %+v, want Succeeded for the token, kv-1, kv-2, kv-0", req)
 	}
 	ev := drainEvents(h)
-	for _, want := range []string{plan.EventDefragmentationStarted, "defragmented kv-2 in", "asked for with kvcluster.io/defragment-now=2026-12-03T08:00", plan.EventDefragmentationFinished} {
+	for _, want := range []string{plan.EventDefragmentationStarted, "defragmented kv-2 in", "defragmented kv-0 (the leader) in", "asked for with kvcluster.io/defragment-now=2026-12-03T08:00", plan.EventDefragmentationFinished} {
 		if !strings.Contains(ev, want) {
 			t.Errorf("events lack %q:\n%s", want, ev)
 		}

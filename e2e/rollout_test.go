@@ -38,8 +38,9 @@ type writerReport struct {
 	Missing                  []string `json:"missing"`
 	Present                  int      `json:"present"`
 	Failures                 []struct {
-		Sent, Failed time.Time
-		Error        string
+		Sent   time.Time `json:"sent"`
+		Failed time.Time `json:"failed"`
+		Error  string    `json:"error"`
 	} `json:"failures"`
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,19 +33,24 @@ type fillReport struct {
 	Refused string `json:"refused"`
 }
 
-// timeline is the events of an object, oldest first, as "Reason: message" lines.
-func timeline(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, object string) []string {
+// eventsOf are the events of an object, oldest first.
+func eventsOf(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, object string) []corev1.Event {
 	t.Helper()
 	var evs corev1.EventList
 	if err := cfg.Client().Resources(ns).List(ctx, &evs); err != nil {
 		t.Fatal(err)
 	}
+	evs.Items = slices.DeleteFunc(evs.Items, func(e corev1.Event) bool { return e.InvolvedObject.Name != object })
 	slices.SortStableFunc(evs.Items, func(a, b corev1.Event) int { return a.EventTime.Compare(b.EventTime.Time) })
+	return evs.Items
+}
+
+// timeline is the events of an object, oldest first, as "Reason: message" lines.
+func timeline(ctx context.Context, t *testing.T, cfg *envconf.Config, ns, object string) []string {
+	t.Helper()
 	var out []string
-	for _, e := range evs.Items {
-		if e.InvolvedObject.Name == object {
-			out = append(out, e.Reason+": "+e.Message)
-		}
+	for _, e := range eventsOf(ctx, t, cfg, ns, object) {
+		out = append(out, e.Reason+": "+e.Message)
 	}
 	return out
 }
@@ -58,38 +64,58 @@ type defragmentation struct {
 	From, To time.Time
 }
 
-// defragmentations are the cluster's MemberDefragmented events since since, oldest first.
-func defragmentations(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, since time.Time) []defragmentation {
+// defragmentedMessage is a MemberDefragmented event's message: "defragmented kv-2 (the leader)
+// in 47ms in routine operation ...".
+var defragmentedMessage = regexp.MustCompile(`^defragmented (\S+)( \(the leader\))? in (\S+) `)
+
+// defragmentations are the cluster's MemberDefragmented events whose message contains why (the
+// kind: "in routine operation", "under the NOSPACE alarm", "asked for with ...=token"), oldest
+// first. Events are sent after the status a test waits for: they are awaited for a while, until
+// there is one per member.
+func defragmentations(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, why string) []defragmentation {
 	t.Helper()
-	var evs corev1.EventList
-	if err := cfg.Client().Resources(kvc.Namespace).List(ctx, &evs); err != nil {
-		t.Fatal(err)
-	}
-	slices.SortStableFunc(evs.Items, func(a, b corev1.Event) int { return a.EventTime.Compare(b.EventTime.Time) })
 	var out []defragmentation
-	for _, e := range evs.Items {
-		if e.InvolvedObject.Name != kvc.Name || e.Reason != "MemberDefragmented" || e.EventTime.Time.Before(since) {
-			continue
+	_ = wait.For(func(ctx context.Context) (bool, error) {
+		out = nil
+		for _, e := range eventsOf(ctx, t, cfg, kvc.Namespace, kvc.Name) {
+			if e.Reason != "MemberDefragmented" || !strings.Contains(e.Message, why) {
+				continue
+			}
+			m := defragmentedMessage.FindStringSubmatch(e.Message)
+			if m == nil {
+				t.Fatalf("a MemberDefragmented event of an unknown form: %q", e.Message)
+			}
+			took, err := time.ParseDuration(m[3])
+			if err != nil || e.Series != nil {
+				t.Fatalf("event %q (series %+v): %v", e.Message, e.Series, err)
+			}
+			out = append(out, defragmentation{Member: m[1], Leader: m[2] != "", From: e.EventTime.Add(-took), To: e.EventTime.Time})
 		}
-		// "defragmented kv-2 (the leader) in 47ms in routine operation ..."
-		rest, _ := strings.CutPrefix(e.Message, "defragmented ")
-		name, rest, _ := strings.Cut(rest, " ")
-		rest, leader := strings.CutPrefix(rest, "(the leader) ")
-		rest, _ = strings.CutPrefix(rest, "in ")
-		took, _, _ := strings.Cut(rest, " ")
-		d, err := time.ParseDuration(took)
-		if err != nil {
-			t.Fatalf("event %q: no time taken: %v", e.Message, err)
-		}
-		out = append(out, defragmentation{Member: name, Leader: leader, From: e.EventTime.Add(-d), To: e.EventTime.Time})
-	}
+		return len(out) >= len(kvc.Status.Members), nil
+	}, wait.WithTimeout(30*time.Second), wait.WithInterval(time.Second))
 	return out
 }
 
-// checkLeaderLast: the operator defragmented every member of the cluster once, the leader (as it
-// observed it) last. Leadership may move on a loaded machine: then no member is the leader when
-// its turn comes, or the one that is goes last all the same.
-func checkLeaderLast(t *testing.T, kvc *kvv1.KVCluster, done []defragmentation) {
+// raftTerm is the cluster's raft term as a member reports it: it changes with every election.
+func raftTerm(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) uint64 {
+	t.Helper()
+	var status []struct {
+		Status struct {
+			RaftTerm uint64 `json:"raftTerm"`
+		}
+	}
+	out := etcdctl(ctx, t, cfg, kvc, kvc.Name+"-0", "endpoint", "status", "-w", "json")
+	if err := json.Unmarshal([]byte(out), &status); err != nil || len(status) != 1 || status[0].Status.RaftTerm == 0 {
+		t.Fatalf("etcdctl endpoint status: %v: %s", err, out)
+	}
+	return status[0].Status.RaftTerm
+}
+
+// checkLeaderLast: the operator defragmented every member of the cluster once, the leader last
+// (the event of its defragmentation says "(the leader)"). Leadership may move on a loaded machine
+// (the raft term changed since termBefore): then the member leading when its turn came goes last,
+// or none led when its turn came.
+func checkLeaderLast(ctx context.Context, t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster, done []defragmentation, termBefore uint64) {
 	t.Helper()
 	var order, want []string
 	for i, d := range done {
@@ -104,21 +130,29 @@ func checkLeaderLast(t *testing.T, kvc *kvv1.KVCluster, done []defragmentation) 
 	if slices.Sort(order); !slices.Equal(order, want) {
 		t.Errorf("defragmented %+v; want each member of %v once", done, want)
 	}
-	if len(done) > 0 && !done[len(done)-1].Leader {
-		t.Logf("no member was the leader when the operator defragmented it (leadership moved meanwhile)")
+	if len(done) == 0 || done[len(done)-1].Leader {
+		return
+	}
+	if term := raftTerm(ctx, t, cfg, kvc); term == termBefore {
+		t.Errorf("no member was defragmented as the leader, and no election took place (raft term %d): %+v", term, done)
+	} else {
+		t.Logf("no member was the leader when its turn came: leadership moved meanwhile (raft term %d, then %d)", termBefore, term)
 	}
 }
 
 // checkNoWriteFailedDefragmenting: no write of the writer's that failed since since was in flight
-// while a member was defragmented, or in the 3 s after (the time for an election, should a
-// defragmentation stall the leader past etcd's 1 s election timeout). Writes fail at other times
-// too on a loaded machine (a leader election): those are logged.
-func checkNoWriteFailedDefragmenting(t *testing.T, rep writerReport, done []defragmentation, since time.Time) {
+// while a member was defragmented, or in the 3 s after: raft's election timeout, 1 s randomised
+// up to 2 s, and the new leader's first commit, should a defragmentation stall the leader. Writes
+// fail at other times too on a loaded machine (a leader election): those are logged. failed is
+// how many failed since since: all of them must be in the writer's list.
+func checkNoWriteFailedDefragmenting(t *testing.T, rep writerReport, failed int, done []defragmentation, since time.Time) {
 	t.Helper()
+	listed := 0
 	for _, f := range rep.Failures {
 		if f.Failed.Before(since) {
 			continue
 		}
+		listed++
 		i := slices.IndexFunc(done, func(d defragmentation) bool {
 			return !f.Sent.After(d.To.Add(3*time.Second)) && !f.Failed.Before(d.From)
 		})
@@ -128,6 +162,9 @@ func checkNoWriteFailedDefragmenting(t *testing.T, rep writerReport, done []defr
 		}
 		t.Errorf("a write failed while %s was defragmented (%s to %s): sent %s, failed %s: %s", done[i].Member, done[i].From.Format(time.StampMilli),
 			done[i].To.Format(time.StampMilli), f.Sent.Format(time.StampMilli), f.Failed.Format(time.StampMilli), f.Error)
+	}
+	if listed < failed {
+		t.Errorf("%d writes failed, the writer lists %d of them: the others cannot be told from failures during a defragmentation", failed, listed)
 	}
 }
 
@@ -158,10 +195,11 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 			readyUnderWriter(ctx, t, cfg, "kvc-space", kvc)
 			return ctx
 		}).
-		Assess("overwrites compacted away by etcd: the operator defragments every member under the writer, the leader last, failing no write",
+		Assess("overwrites compacted away by etcd: the operator defragments every member under the writer, the leader last, no write failing for it",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 				writerAsk(ctx, t, cfg, kvc, "report", "reset", "true") // the longest stall from here on
-				before, start := writerAsk(ctx, t, cfg, kvc, "report"), time.Now()
+				start := time.Now()
+				before, term := writerAsk(ctx, t, cfg, kvc, "report"), raftTerm(ctx, t, cfg, kvc)
 				raw, err := writerGet(ctx, t, cfg, kvc, "fill", "key", "e2e/space/churn", "kib", "512", "puts", "28")
 				var fill fillReport
 				if err != nil || json.Unmarshal(raw, &fill) != nil || fill.Puts != 28 {
@@ -203,9 +241,9 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 						t.Logf("%s", e)
 					}
 				}
-				done := defragmentations(ctx, t, cfg, got, start)
-				checkLeaderLast(t, got, done)
-				checkNoWriteFailedDefragmenting(t, rep, done, start)
+				done := defragmentations(ctx, t, cfg, got, "in routine operation")
+				checkLeaderLast(ctx, t, cfg, got, done, term)
+				checkNoWriteFailedDefragmenting(t, rep, rep.Failed-before.Failed, done, start)
 				for _, m := range got.Status.Members {
 					t.Logf("%s: database file of %d bytes after the fill, %v after defragmenting (%v in use)", m.Name, largest[m.Name], m.DBSize, m.DBSizeInUse)
 					if largest[m.Name] < 12<<20 {
@@ -214,11 +252,11 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				}
 				return ctx
 			}).
-		Assess("kvcluster.io/defragment-now: every member once more, at once, though just defragmented, failing no write",
+		Assess("kvcluster.io/defragment-now: every member once more, at once, though just defragmented, no write failing for it",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-				before := writerAsk(ctx, t, cfg, kvc, "report")
-				token := "e2e-" + time.Now().UTC().Format("20060102T150405Z")
 				asked := time.Now()
+				before, term := writerAsk(ctx, t, cfg, kvc, "report"), raftTerm(ctx, t, cfg, kvc)
+				token := "e2e-" + asked.UTC().Format("20060102T150405Z")
 				if out, err := kubectl(cfg, "-n", kvc.Namespace, "annotate", "kvc", kvc.Name, "--overwrite", kvv1.AnnotationDefragmentNow+"="+token); err != nil {
 					t.Fatalf("kubectl annotate: %v\n%s", err, out)
 				}
@@ -233,7 +271,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 						strings.Join(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name), "\n"))
 				}
 				r := got.Status.DefragmentRequest
-				done := defragmentations(ctx, t, cfg, got, asked)
+				done := defragmentations(ctx, t, cfg, got, "asked for with "+kvv1.AnnotationDefragmentNow+"="+token)
 				var names []string
 				for _, d := range done {
 					names = append(names, d.Member)
@@ -241,7 +279,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				if r.State != kvv1.BackupRequestSucceeded || !slices.Equal(r.Defragmented, names) {
 					t.Errorf("status.defragmentRequest %+v; want Succeeded, listing the members of the events %+v", *r, done)
 				}
-				checkLeaderLast(t, got, done)
+				checkLeaderLast(ctx, t, cfg, got, done, term)
 				for _, m := range got.Status.Members {
 					if m.LastDefragmentTime == nil || m.LastDefragmentTime.Time.Before(asked.Add(-time.Second)) {
 						t.Errorf("%s: lastDefragmentTime %v, want after the request (%s)", m.Name, m.LastDefragmentTime, asked.Format(time.RFC3339))
@@ -249,7 +287,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				}
 				rep := writerAsk(ctx, t, cfg, kvc, "report")
 				t.Logf("defragmented %v %s after the annotation; writes failed meanwhile: %d", r.Defragmented, time.Since(asked).Round(time.Second), rep.Failed-before.Failed)
-				checkNoWriteFailedDefragmenting(t, rep, done, asked)
+				checkNoWriteFailedDefragmenting(t, rep, rep.Failed-before.Failed, done, asked)
 				return ctx
 			}).
 		Assess("overwriting one key until etcd refuses: compacted, defragmented follower by follower and the leader last, disarmed, no write lost",
@@ -257,7 +295,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				if q := get(ctx, t, cfg, kvc).Status.BackendQuota; q == nil || q.String() != "24Mi" {
 					t.Errorf("status.backendQuota = %v, want the spec's 24Mi", q)
 				}
-				earlier := len(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name))
+				earlier, term := len(timeline(ctx, t, cfg, kvc.Namespace, kvc.Name)), raftTerm(ctx, t, cfg, kvc)
 				raw, err := writerGet(ctx, t, cfg, kvc, "fill", "key", "e2e/space/blob", "kib", "512")
 				if err != nil {
 					t.Fatalf("fill: %v: %s", err, raw)
@@ -328,7 +366,7 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 				if !slices.Equal(steps, want) {
 					t.Errorf("steps %q, want %q", steps, want)
 				}
-				checkLeaderLast(t, got, defragmentations(ctx, t, cfg, got, filled))
+				checkLeaderLast(ctx, t, cfg, got, defragmentations(ctx, t, cfg, got, "under the NOSPACE alarm"), term)
 				for _, m := range got.Status.Members {
 					if m.DBSize == nil || got.Status.BackendQuota == nil || m.DBSize.Value()*100 >= got.Status.BackendQuota.Value()*80 || len(m.Alarms) != 0 {
 						t.Errorf("member %s after recovery: %v of %v, alarms %v", m.Name, m.DBSize, got.Status.BackendQuota, m.Alarms)

@@ -178,12 +178,6 @@ func (s *scenario) compacted(defragmentedSince ...int) *scenario {
 
 var all = []int{0, 1, 2}
 
-// TestFreeSpace: under its own NOSPACE alarm a Ready cluster whose members all answer is compacted
-// to the latest revision, then every member past 80% of the quota is defragmented once after it
-// (followers first, the leader last), whatever it shows free, and any other member whose free
-// pages are worth it; the alarm is disarmed once every database is below the mark; with no room
-// even then, the condition says what a person can do. Nothing is done for an inherited alarm,
-// during a rollout, or while a member does not answer.
 // checkDefragmentTarget: the step names the member's own client URL, and says whether it leads
 // the cluster as observed.
 func checkDefragmentTarget(t *testing.T, s *scenario, f FreeSpace) {
@@ -196,6 +190,12 @@ func checkDefragmentTarget(t *testing.T, s *scenario, f FreeSpace) {
 	}
 }
 
+// TestFreeSpace: under its own NOSPACE alarm a Ready cluster whose members all answer is compacted
+// to the latest revision, then every member past 80% of the quota is defragmented once after it
+// (followers first, the leader last), whatever it shows free, and any other member whose free
+// pages are worth it; the alarm is disarmed once every database is below the mark; with no room
+// even then, the condition says what a person can do. Nothing is done for an inherited alarm,
+// during a rollout, or while a member does not answer.
 func TestFreeSpace(t *testing.T) {
 	tests := []struct {
 		name       string
