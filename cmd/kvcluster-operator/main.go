@@ -32,7 +32,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -218,7 +217,7 @@ func metricsOptions(addr string, secure bool, certDir string) (metricsserver.Opt
 		}
 	}
 	opts.SecureServing = true
-	opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	opts.FilterProvider = metricsAuthFilter
 	opts.CertDir = certDir
 	opts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	return opts, nil
