@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,10 +13,13 @@ import (
 	"github.com/go-logr/logr"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
@@ -34,17 +38,22 @@ const (
 // metricsAuth serves the metrics only to clients the API server authenticates (TokenReview of the
 // bearer token) and authorizes to get the path (SubjectAccessReview on the non-resource URL), as
 // controller-runtime's filters.WithAuthenticationAndAuthorization does: 401 without a token or
-// with one the API server does not accept, 403 when the user may not, 500 when the API server
-// cannot be asked. It does without the k8s.io/apiserver machinery that filter brings (about 9 MB
-// of the binary, with CEL and ANTLR, mapped into memory by every operator).
+// with one the API server does not accept (that filter answers 500 to the latter), 403 when the
+// user may not, 500 when the API server cannot be asked after a few tries. Only GET and HEAD are
+// asked about (others: 405), so a request's method cannot grow the verdicts kept. It does without
+// the k8s.io/apiserver machinery that filter brings (about 9 MB of the binary, with CEL and ANTLR,
+// mapped into memory by every operator).
 type metricsAuth struct {
 	tokens  authenticationclient.TokenReviewInterface
 	reviews authorizationclient.SubjectAccessReviewInterface
 	now     func() time.Time
+	// backoff is how a review is tried again when the API server does not answer it (429, 5xx,
+	// no connection): five tries in about 4 s, as controller-runtime's filter does.
+	backoff wait.Backoff
 
 	mu            sync.Mutex
 	authenticated map[[sha256.Size]byte]verdict[authenticationv1.UserInfo]
-	allowed       map[string]verdict[bool]
+	allowed       map[[sha256.Size]byte]verdict[bool]
 }
 
 type verdict[T any] struct {
@@ -67,18 +76,23 @@ func metricsAuthFilter(config *rest.Config, httpClient *http.Client) (metricsser
 }
 
 func newMetricsAuth(tokens authenticationclient.TokenReviewInterface, reviews authorizationclient.SubjectAccessReviewInterface, now func() time.Time) *metricsAuth {
-	return &metricsAuth{tokens: tokens, reviews: reviews, now: now,
-		authenticated: map[[sha256.Size]byte]verdict[authenticationv1.UserInfo]{}, allowed: map[string]verdict[bool]{}}
+	return &metricsAuth{tokens: tokens, reviews: reviews, now: now, backoff: wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5},
+		authenticated: map[[sha256.Size]byte]verdict[authenticationv1.UserInfo]{}, allowed: map[[sha256.Size]byte]verdict[bool]{}}
 }
 
 func (a *metricsAuth) handler(log logr.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		scheme, token, _ := strings.Cut(req.Header.Get("Authorization"), " ")
-		token = strings.TrimSpace(token)
-		if !strings.EqualFold(scheme, "Bearer") || token == "" {
+		if req.Method != http.MethodGet && req.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		credentials := strings.Fields(req.Header.Get("Authorization"))
+		if len(credentials) != 2 || !strings.EqualFold(credentials[0], "Bearer") {
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
 			return
 		}
+		token := credentials[1]
 		user, ok, err := a.authenticate(req.Context(), token)
 		switch {
 		case err != nil:
@@ -113,7 +127,11 @@ func (a *metricsAuth) authenticate(ctx context.Context, token string) (authentic
 	}
 	ctx, cancel := context.WithTimeout(ctx, reviewTimeout)
 	defer cancel()
-	review, err := a.tokens.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	var review *authenticationv1.TokenReview
+	err := a.retryTransient(ctx, func() (err error) {
+		review, err = a.tokens.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+		return err
+	})
 	if err != nil {
 		return authenticationv1.UserInfo{}, false, err
 	}
@@ -133,27 +151,47 @@ func (a *metricsAuth) authorize(ctx context.Context, user authenticationv1.UserI
 	}
 	spec := authorizationv1.SubjectAccessReviewSpec{User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra,
 		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: path, Verb: verb}}
-	// The question itself is the key: JSON writes a map's keys in order.
+	// The question itself is the key (JSON writes a map's keys in order), as its digest.
 	question, err := json.Marshal(spec)
 	if err != nil {
 		return false, err
 	}
-	key := string(question)
+	key := sha256.Sum256(question)
 	if v, ok := cached(a, a.allowed, key); ok {
 		return v, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, reviewTimeout)
 	defer cancel()
-	review, err := a.reviews.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+	var review *authorizationv1.SubjectAccessReview
+	err = a.retryTransient(ctx, func() (err error) {
+		review, err = a.reviews.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+		return err
+	})
 	if err != nil {
 		return false, err
 	}
-	ttl := deniedTTL
-	if review.Status.Allowed {
+	allowed, ttl := review.Status.Allowed && !review.Status.Denied, deniedTTL
+	if allowed {
 		ttl = allowedTTL
 	}
-	keep(a, a.allowed, key, review.Status.Allowed, ttl)
-	return review.Status.Allowed, nil
+	keep(a, a.allowed, key, allowed, ttl)
+	return allowed, nil
+}
+
+// retryTransient calls create until it succeeds, the API server refuses for good (a 4xx other
+// than 429), the context ends or the backoff's tries were made.
+func (a *metricsAuth) retryTransient(ctx context.Context, create func() error) error {
+	return retry.OnError(a.backoff, func(err error) bool {
+		var status apierrors.APIStatus
+		if ctx.Err() != nil {
+			return false
+		}
+		if errors.As(err, &status) {
+			code := status.Status().Code
+			return code == http.StatusTooManyRequests || code >= http.StatusInternalServerError
+		}
+		return true // no answer: the connection
+	}, create)
 }
 
 func cached[K comparable, T any](a *metricsAuth, m map[K]verdict[T], key K) (T, bool) {
