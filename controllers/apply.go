@@ -153,7 +153,7 @@ func unreadDropped(obj client.Object) {
 		if len(o.Spec.VolumeClaimTemplates) > 0 {
 			claim := o.Spec.VolumeClaimTemplates[0]
 			spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Labels: claim.Labels},
-				Spec: corev1.PersistentVolumeClaimSpec{Resources: corev1.VolumeResourceRequirements{Requests: claim.Spec.Resources.Requests}}}}
+				Spec: corev1.PersistentVolumeClaimSpec{Resources: corev1.VolumeResourceRequirements{Requests: sharedStorage.of(claim.Spec.Resources.Requests)}}}}
 		}
 		o.Spec = spec
 	case *corev1.Service:

@@ -1,7 +1,9 @@
 package controllers
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"reflect"
 	"runtime"
@@ -19,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
@@ -87,7 +90,8 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 				!after.DeletionTimestamp.Equal(before.DeletionTimestamp) || after.Labels[specs.ClusterLabel] != "kv" {
 				t.Errorf("metadata changed: %+v, want %+v", after.ObjectMeta, before.ObjectMeta)
 			}
-			if after.ManagedFields != nil || after.Spec.Volumes != nil || after.Spec.Containers[0].ReadinessProbe != nil || after.Status.PodIP != "" {
+			if after.ManagedFields != nil || after.Spec.Volumes != nil || after.Spec.Containers[0].ReadinessProbe != nil || after.Status.PodIP != "" ||
+				slices.ContainsFunc(after.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type != corev1.PodReady || !c.LastTransitionTime.IsZero() }) {
 				t.Errorf("kept what the operator never reads: %+v", after)
 			}
 			if kept, whole := jsonSize(t, after), jsonSize(t, before); kept*2 > whole {
@@ -111,7 +115,8 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 		Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Capacity:           corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
 			AllocatedResources: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")},
-			Conditions:         []corev1.PersistentVolumeClaimCondition{{Type: corev1.PersistentVolumeClaimFileSystemResizePending, Status: corev1.ConditionTrue, LastTransitionTime: now}}},
+			Conditions: []corev1.PersistentVolumeClaimCondition{{Type: corev1.PersistentVolumeClaimResizing, Status: corev1.ConditionFalse, LastTransitionTime: now},
+				{Type: corev1.PersistentVolumeClaimFileSystemResizePending, Status: corev1.ConditionTrue, LastTransitionTime: now}}},
 	}
 	kvcOfClaim, laterKVC := newKVCluster("ns", "kv", 3), newKVCluster("ns", "kv", 3)
 	kvcOfClaim.UID, laterKVC.UID = "cluster-uid", "later-uid"
@@ -132,8 +137,17 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 		!maps.Equal(after.Labels, before.Labels) || !slices.Equal(after.Finalizers, before.Finalizers) {
 		t.Errorf("claim metadata = %+v, want %+v but its annotations", after.ObjectMeta, before.ObjectMeta)
 	}
-	if after.Annotations != nil || after.Spec.VolumeName != "" || after.Spec.AccessModes != nil || after.Status.AllocatedResources != nil {
+	if after.Annotations != nil || after.Spec.VolumeName != "" || after.Spec.AccessModes != nil || after.Status.AllocatedResources != nil ||
+		len(after.Status.Conditions) != 1 {
 		t.Errorf("kept what the operator never reads of a claim: %+v", after)
+	}
+	// Claims of a size share one list of it (its map: a third of a claim's heap).
+	other := before.DeepCopy()
+	other.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi"), "example.com/iops": resource.MustParse("100")}
+	otherAfter := cachedForm(other).(*corev1.PersistentVolumeClaim)
+	if reflect.ValueOf(otherAfter.Status.Capacity).UnsafePointer() != reflect.ValueOf(after.Spec.Resources.Requests).UnsafePointer() ||
+		len(otherAfter.Status.Capacity) != 1 {
+		t.Errorf("the cached claims' lists of 2Gi are not one list of storage only: %v, %v", otherAfter.Status.Capacity, after.Spec.Resources.Requests)
 	}
 	if again := cachedForm(after.DeepCopy()); !equality.Semantic.DeepEqual(again, after) {
 		t.Errorf("cached form of the cached claim = %+v, want %+v", again, after)
@@ -315,32 +329,109 @@ func BenchmarkCachedMemberPod(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	const pods = 1000
+	benchmarkHeldHeap[corev1.Pod](b, data, "pod")
+}
+
+// BenchmarkCachedMemberClaim: the heap one member's data claim holds in the cache (three per
+// cluster), whole as the informer decodes it (without managed fields) and in its cached form. The
+// claim is the StatefulSet's claim template as the API server, the binder and the provisioner
+// leave it once bound.
+func BenchmarkCachedMemberClaim(b *testing.B) {
+	kvc := newKVCluster("ns", "kv", 3)
+	kvc.UID = "cluster-uid"
+	set := specs.StatefulSet(kvc, specs.MemberSet{Replicas: 3})
+	data, err := json.Marshal(set.Spec.VolumeClaimTemplates[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	var claim corev1.PersistentVolumeClaim
+	if err := json.Unmarshal(data, &claim); err != nil {
+		b.Fatal(err)
+	}
+	now := metav1.Now()
+	claim.Name, claim.Namespace, claim.UID, claim.CreationTimestamp, claim.ResourceVersion = "data-kv-1", "ns", "claim-uid", now, "123456"
+	claim.Annotations = map[string]string{"pv.kubernetes.io/bind-completed": "yes", "pv.kubernetes.io/bound-by-controller": "yes",
+		"volume.beta.kubernetes.io/storage-provisioner": "rancher.io/local-path", "volume.kubernetes.io/selected-node": "node-1"}
+	claim.Finalizers = []string{"kubernetes.io/pvc-protection"}
+	claim.Spec.VolumeName, claim.Spec.StorageClassName, claim.Spec.VolumeMode = "pvc-0123456789abcdef", new("standard"), new(corev1.PersistentVolumeFilesystem)
+	claim.Status = corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound, AccessModes: claim.Spec.AccessModes,
+		Capacity: maps.Clone(claim.Spec.Resources.Requests)}
+	if data, err = json.Marshal(claim); err != nil {
+		b.Fatal(err)
+	}
+	benchmarkHeldHeap[corev1.PersistentVolumeClaim](b, data, "claim")
+}
+
+// benchmarkHeldHeap measures the heap a thousand objects like the one data holds (each of its own
+// cluster: its names and UIDs its own) hold, whole as decoded and as the cache keeps them (its
+// transform for the kind), in heap-B/<unit>.
+func benchmarkHeldHeap[T any, PT interface {
+	*T
+	client.Object
+}](b *testing.B, data []byte, unit string) {
+	const objects = 1000
+	variants := make([][]byte, objects)
+	for i := range variants {
+		own := bytes.ReplaceAll(data, []byte(`"kv`), fmt.Appendf(nil, `"kv%d`, i))
+		variants[i] = bytes.ReplaceAll(own, []byte(`-uid"`), fmt.Appendf(nil, `-uid-%d"`, i))
+	}
+	transform := cacheTransform(PT(new(T)))
 	for _, form := range []struct {
 		name   string
-		cached func(*corev1.Pod) any
-	}{{"whole", func(p *corev1.Pod) any { return p }}, {"cached", func(p *corev1.Pod) any { return cachedForm(p) }}} {
+		cached func(PT) any
+	}{{"whole", func(o PT) any { return o }}, {"cached", func(o PT) any { obj, _ := transform(o); return obj }}} {
 		b.Run(form.name, func(b *testing.B) {
-			var perPod float64
+			var perObject float64
 			for b.Loop() {
-				held := make([]any, pods)
+				held := make([]any, objects)
+				// What the objects share is held for them: measured from none.
+				sharedStorage = storageLists{lists: map[string]corev1.ResourceList{}}
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)
 				for i := range held {
-					var p corev1.Pod
-					if err := json.Unmarshal(data, &p); err != nil {
+					o := PT(new(T))
+					if err := json.Unmarshal(variants[i], o); err != nil {
 						b.Fatal(err)
 					}
-					held[i] = form.cached(&p)
+					held[i] = form.cached(o)
 				}
 				runtime.GC()
 				runtime.ReadMemStats(&after)
-				perPod = float64(after.HeapAlloc-before.HeapAlloc) / pods
+				perObject = float64(after.HeapAlloc-before.HeapAlloc) / objects
 				runtime.KeepAlive(held)
 			}
-			b.ReportMetric(perPod, "heap-B/pod")
-			b.ReportMetric(float64(len(data)), "json-B/pod")
+			b.ReportMetric(perObject, "heap-B/"+unit)
+			b.ReportMetric(float64(len(data)), "json-B/"+unit)
 		})
+	}
+}
+
+// cacheTransform is the transform of CacheOptions for objects of obj's kind.
+func cacheTransform(obj client.Object) toolscache.TransformFunc {
+	for kind, options := range CacheOptions().ByObject {
+		if reflect.TypeOf(kind) == reflect.TypeOf(obj) {
+			return options.Transform
+		}
+	}
+	return nil
+}
+
+// TestSharedStorageIsBounded: past maxSharedSizes sizes a list is still right, just not shared,
+// and a list without storage is none.
+func TestSharedStorageIsBounded(t *testing.T) {
+	lists := storageLists{lists: map[string]corev1.ResourceList{}}
+	for i := range maxSharedSizes + 10 {
+		size := *resource.NewQuantity(int64(i+1)<<20, resource.BinarySI)
+		got := lists.of(corev1.ResourceList{corev1.ResourceStorage: size})
+		if q := got[corev1.ResourceStorage]; q.Cmp(size) != 0 || len(got) != 1 {
+			t.Fatalf("list of %s = %v", size.String(), got)
+		}
+	}
+	if len(lists.lists) != maxSharedSizes {
+		t.Errorf("%d sizes held, want %d", len(lists.lists), maxSharedSizes)
+	}
+	if got := lists.of(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}); got != nil {
+		t.Errorf("list without storage = %v, want none", got)
 	}
 }

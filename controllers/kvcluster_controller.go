@@ -161,15 +161,23 @@ var stripManagedFields = cache.TransformStripManagedFields()
 // environment, mounts, volumes, tolerations) is most of its size, one pod per member, and the
 // operator reads it from the StatefulSet's template instead. Of a claim, its metadata but its
 // annotations, its StorageClass, the size asked for and had, its phase and conditions
-// (claimObserved, plan.ClaimBelongs). It changes obj in place (the informer's own copy), and a
-// second pass changes nothing (the informer may make two).
+// (claimObserved, plan.ClaimBelongs). Of the conditions, only those read: a pod's readiness, a
+// claim's pending file system resize. The sizes are one shared list per size (sharedStorage): a
+// map each, they had been a third of a claim's heap. It changes obj in place (the informer's own
+// copy), and a second pass changes nothing (the informer may make two).
 func cachedForm(obj any) any {
 	obj, _ = stripManagedFields(obj) // never fails
 	if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
 		claim.Annotations = nil // the binder's and the provisioner's
 		claim.Spec = corev1.PersistentVolumeClaimSpec{StorageClassName: claim.Spec.StorageClassName,
-			Resources: corev1.VolumeResourceRequirements{Requests: claim.Spec.Resources.Requests}}
-		claim.Status = corev1.PersistentVolumeClaimStatus{Phase: claim.Status.Phase, Capacity: claim.Status.Capacity, Conditions: claim.Status.Conditions}
+			Resources: corev1.VolumeResourceRequirements{Requests: sharedStorage.of(claim.Spec.Resources.Requests)}}
+		var resizing []corev1.PersistentVolumeClaimCondition
+		for _, c := range claim.Status.Conditions {
+			if c.Type == corev1.PersistentVolumeClaimFileSystemResizePending {
+				resizing = append(resizing, c)
+			}
+		}
+		claim.Status = corev1.PersistentVolumeClaimStatus{Phase: claim.Status.Phase, Capacity: sharedStorage.of(claim.Status.Capacity), Conditions: resizing}
 		return claim
 	}
 	pod, ok := obj.(*corev1.Pod)
@@ -184,8 +192,14 @@ func cachedForm(obj any) any {
 	for i, c := range pod.Status.ContainerStatuses {
 		statuses[i] = corev1.ContainerStatus{Name: c.Name, State: c.State, RestartCount: c.RestartCount}
 	}
+	var conditions []corev1.PodCondition
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			conditions = append(conditions, corev1.PodCondition{Type: c.Type, Status: c.Status})
+		}
+	}
 	pod.Spec = corev1.PodSpec{Containers: containers}
-	pod.Status = corev1.PodStatus{Phase: pod.Status.Phase, Conditions: pod.Status.Conditions, ContainerStatuses: statuses}
+	pod.Status = corev1.PodStatus{Phase: pod.Status.Phase, Conditions: conditions, ContainerStatuses: statuses}
 	return pod
 }
 
