@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -385,7 +387,7 @@ func benchmarkHeldHeap[T any, PT interface {
 			for b.Loop() {
 				held := make([]any, objects)
 				// What the objects share is held for them: measured from none.
-				sharedStorage = storageLists{lists: map[string]corev1.ResourceList{}}
+				sharedMetadata, sharedStorage = newMetadataTable(), storageLists{lists: map[string]corev1.ResourceList{}}
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)
@@ -433,5 +435,82 @@ func TestSharedStorageIsBounded(t *testing.T) {
 	}
 	if got := lists.of(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}); got != nil {
 		t.Errorf("list without storage = %v, want none", got)
+	}
+}
+
+// TestSharingMetadata: cached objects' metadata are equal to what was decoded, but a cluster's
+// objects share one copy of its strings, and all but pods one map of a set of labels.
+func TestSharingMetadata(t *testing.T) {
+	defer func(kept *metadataTable) { sharedMetadata = kept }(sharedMetadata)
+	sharedMetadata = newMetadataTable()
+	decoded := func(obj client.Object) client.Object { // each its own copies, as decoding gives them
+		data, err := json.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied := reflect.New(reflect.TypeOf(obj).Elem()).Interface().(client.Object)
+		if err := json.Unmarshal(data, copied); err != nil {
+			t.Fatal(err)
+		}
+		return copied
+	}
+	kvc := newKVCluster("ns", "kv", 3)
+	kvc.UID = "cluster-uid"
+	owner := []metav1.OwnerReference{{APIVersion: "kvcluster.io/v1alpha1", Kind: "KVCluster", Name: "kv", UID: "cluster-uid", Controller: new(true)}}
+	meta := func(name string, labels map[string]string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(name + "-uid"), Labels: labels, OwnerReferences: owner,
+			Annotations: map[string]string{"example.com/note": name}, Finalizers: []string{"kubernetes.io/pvc-protection"}}
+	}
+	podLabels := func(name string) map[string]string {
+		l := specs.Labels(kvc)
+		l[appsv1.StatefulSetPodNameLabel] = name
+		return l
+	}
+	objects := []client.Object{
+		&corev1.PersistentVolumeClaim{ObjectMeta: meta("data-kv-0", specs.Labels(kvc))},
+		&corev1.PersistentVolumeClaim{ObjectMeta: meta("data-kv-1", specs.Labels(kvc))},
+		&corev1.Service{ObjectMeta: meta("kv", specs.Labels(kvc))},
+		&corev1.Pod{ObjectMeta: meta("kv-0", podLabels("kv-0"))},
+		&corev1.Pod{ObjectMeta: meta("kv-1", podLabels("kv-1"))},
+	}
+	var cached []client.Object
+	for _, obj := range objects {
+		o := decoded(obj)
+		before := o.DeepCopyObject()
+		after := sharingMetadata(o).(client.Object)
+		if !equality.Semantic.DeepEqual(after, before) {
+			t.Fatalf("%s changed: %+v, want %+v", obj.GetName(), after, before)
+		}
+		if again := sharingMetadata(after.DeepCopyObject()); !equality.Semantic.DeepEqual(again, after) {
+			t.Errorf("%s shared twice = %+v, want %+v", obj.GetName(), again, after)
+		}
+		cached = append(cached, after)
+	}
+	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+	first := cached[0]
+	for _, o := range cached[1:] {
+		if !same(o.GetNamespace(), first.GetNamespace()) || !same(o.GetLabels()[specs.ClusterLabel], first.GetLabels()[specs.ClusterLabel]) ||
+			!same(string(o.GetOwnerReferences()[0].UID), string(first.GetOwnerReferences()[0].UID)) ||
+			!same(o.GetOwnerReferences()[0].Kind, first.GetOwnerReferences()[0].Kind) || !same(o.GetFinalizers()[0], first.GetFinalizers()[0]) ||
+			o.GetOwnerReferences()[0].Controller != first.GetOwnerReferences()[0].Controller {
+			t.Errorf("%s does not share the cluster's strings with %s", o.GetName(), first.GetName())
+		}
+		if same(o.GetName(), first.GetName()) {
+			t.Errorf("%s shares its name", o.GetName())
+		}
+	}
+	mapOf := func(o client.Object) unsafe.Pointer { return reflect.ValueOf(o.GetLabels()).UnsafePointer() }
+	if mapOf(cached[0]) != mapOf(cached[1]) || mapOf(cached[0]) != mapOf(cached[2]) {
+		t.Error("claims and Service of one cluster do not share their set of labels")
+	}
+	if n := len(slices.Concat(slices.Collect(maps.Values(sharedMetadata.labels))...)); n != 1 {
+		t.Errorf("%d sets of labels held, want 1: a pod's are its own, never shared", n)
+	}
+
+	// Past its bound the table starts afresh: what is cached keeps its copies.
+	sharedMetadata.entries = maxSharedMetadata
+	o := sharingMetadata(decoded(objects[0])).(client.Object)
+	if mapOf(o) == mapOf(cached[0]) || !maps.Equal(o.GetLabels(), cached[0].GetLabels()) || sharedMetadata.entries > 20 {
+		t.Errorf("table past its bound: %d entries, labels %v shared %v", sharedMetadata.entries, o.GetLabels(), mapOf(o) == mapOf(cached[0]))
 	}
 }

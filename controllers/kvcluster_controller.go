@@ -75,8 +75,9 @@ type KVClusterReconciler struct {
 // its own), not every Pod, Job or StatefulSet of the Kubernetes cluster, and of those only what it
 // reads: of Pods, claims and Jobs no managed fields, and of Pods and claims only what observe reads
 // (cachedForm); of the objects it applies, instead of their managed fields, the digest of its own
-// part of them (cachedIntent); of KVClusters, only its own managed fields (ownManagedFields). Given
-// namespaces, it watches only those (an install whose Roles grant nothing elsewhere); none: all.
+// part of them (cachedIntent); of KVClusters, only its own managed fields (ownManagedFields); of
+// all, one copy of what their metadata repeat (sharingMetadata). Given namespaces, it watches
+// only those (an install whose Roles grant nothing elsewhere); none: all.
 func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeaving(namespaces, nil) }
 
 // An operator that watches some namespaces asks at start whether it may work in each (its Role
@@ -89,7 +90,7 @@ func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeavi
 // Roles may be gone already, and a cache that cannot list is never ready).
 func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue}),
-		Transform: func(obj any) (any, error) { return cachedIntent(obj), nil }}
+		Transform: func(obj any) (any, error) { return sharingMetadata(cachedIntent(obj)), nil }}
 	options := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&appsv1.StatefulSet{}:           owned,
 		&corev1.Service{}:               owned,
@@ -112,11 +113,11 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 		options.ByObject[&kvv1.KVCluster{}] = clusters
 	}
 	trimmed := owned
-	trimmed.Transform = func(obj any) (any, error) { return cachedForm(obj), nil }
+	trimmed.Transform = func(obj any) (any, error) { return sharingMetadata(cachedForm(obj)), nil }
 	for _, o := range notComparedKinds() {
 		options.ByObject[o] = trimmed
 	}
-	options.DefaultTransform = func(obj any) (any, error) { return ownManagedFields(obj), nil }
+	options.DefaultTransform = func(obj any) (any, error) { return sharingMetadata(ownManagedFields(obj)), nil }
 	return options
 }
 
