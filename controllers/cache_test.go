@@ -364,9 +364,10 @@ func BenchmarkCachedMemberClaim(b *testing.B) {
 	benchmarkHeldHeap[corev1.PersistentVolumeClaim](b, data, "claim")
 }
 
-// benchmarkHeldHeap measures the heap a thousand objects like the one data holds (each of its own
-// cluster: its names and UIDs its own) hold, whole as decoded and as the cache keeps them (its
-// transform for the kind), in heap-B/<unit>.
+// benchmarkHeldHeap measures the heap a thousand objects like the one data holds (the member
+// kv-1 of cluster kv) hold, three members of each cluster, with their own names and UIDs: whole
+// as decoded, and as the cache keeps them (its transform for the kind, with what it shares), in
+// heap-B/<unit>.
 func benchmarkHeldHeap[T any, PT interface {
 	*T
 	client.Object
@@ -374,8 +375,13 @@ func benchmarkHeldHeap[T any, PT interface {
 	const objects = 1000
 	variants := make([][]byte, objects)
 	for i := range variants {
-		own := bytes.ReplaceAll(data, []byte(`"kv`), fmt.Appendf(nil, `"kv%d`, i))
-		variants[i] = bytes.ReplaceAll(own, []byte(`-uid"`), fmt.Appendf(nil, `-uid-%d"`, i))
+		cluster, member := i/3, i%3
+		own := bytes.ReplaceAll(data, []byte("kv-1"), fmt.Appendf(nil, "kv%d-%d", cluster, member))
+		own = bytes.ReplaceAll(own, []byte(`"kv"`), fmt.Appendf(nil, `"kv%d"`, cluster))
+		for _, uid := range []string{"pod-uid", "claim-uid"} {
+			own = bytes.ReplaceAll(own, []byte(uid+`"`), fmt.Appendf(nil, `%s-%d"`, uid, i))
+		}
+		variants[i] = bytes.ReplaceAll(own, []byte(`-uid"`), fmt.Appendf(nil, `-uid-%d"`, cluster))
 	}
 	transform := cacheTransform(PT(new(T)))
 	for _, form := range []struct {
