@@ -93,7 +93,10 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 				t.Errorf("metadata changed: %+v, want %+v", after.ObjectMeta, before.ObjectMeta)
 			}
 			if after.ManagedFields != nil || after.Spec.Volumes != nil || after.Spec.Containers[0].ReadinessProbe != nil || after.Status.PodIP != "" ||
-				slices.ContainsFunc(after.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type != corev1.PodReady || !c.LastTransitionTime.IsZero() }) {
+				slices.ContainsFunc(after.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type != corev1.PodReady || !c.LastTransitionTime.IsZero() }) ||
+				slices.ContainsFunc(after.Status.ContainerStatuses, func(c corev1.ContainerStatus) bool {
+					return c.State.Running != nil && !c.State.Running.StartedAt.IsZero()
+				}) {
 				t.Errorf("kept what the operator never reads: %+v", after)
 			}
 			if kept, whole := jsonSize(t, after), jsonSize(t, before); kept*2 > whole {

@@ -191,7 +191,11 @@ func cachedForm(obj any) any {
 	}
 	statuses := make([]corev1.ContainerStatus, len(pod.Status.ContainerStatuses))
 	for i, c := range pod.Status.ContainerStatuses {
-		statuses[i] = corev1.ContainerStatus{Name: c.Name, State: c.State, RestartCount: c.RestartCount}
+		state := corev1.ContainerState{Terminated: c.State.Terminated} // a Job's outcome: TerminationMessage
+		if c.State.Running != nil {
+			state.Running = &sharedRunning // since when is not read
+		}
+		statuses[i] = corev1.ContainerStatus{Name: c.Name, State: state, RestartCount: c.RestartCount}
 	}
 	var conditions []corev1.PodCondition
 	for _, c := range pod.Status.Conditions {
@@ -203,6 +207,9 @@ func cachedForm(obj any) any {
 	pod.Status = corev1.PodStatus{Phase: pod.Status.Phase, Conditions: conditions, ContainerStatuses: statuses}
 	return pod
 }
+
+// sharedRunning is the state of every running container of the cached pods.
+var sharedRunning corev1.ContainerStateRunning
 
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;patch;delete
