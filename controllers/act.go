@@ -79,7 +79,7 @@ func (r *KVClusterReconciler) act(ctx context.Context, kvc *kvv1.KVCluster, obs 
 	if err := r.backupJobs(ctx, kvc, p.Backups); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := applyStatus(ctx, r.Client, &r.heldStatuses, kvc, p.Status); err != nil {
+	if err := applyStatus(ctx, r.Client, &r.statusWrites, kvc, p.Status); err != nil {
 		return ctrl.Result{}, err
 	}
 	if p.Status.Phase != kvc.Status.Phase {

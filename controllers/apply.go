@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -70,9 +69,15 @@ var intentKey = func() []byte {
 }()
 
 // ownedIntent is what the operator's field manager owns in obj (the generated Extract of its
-// kind), of the kinds applyOwned and applyGuard apply.
+// kind), of the kinds applyOwned and applyGuard apply; of a KVCluster, its status (applyStatus).
 func ownedIntent(obj client.Object) (any, error) {
 	switch o := obj.(type) {
+	case *kvv1.KVCluster:
+		owned, err := kvv1ac.ExtractKVClusterStatus(o, specs.FieldManager)
+		if err != nil {
+			return nil, err
+		}
+		return owned.Status, nil
 	case *appsv1.StatefulSet:
 		return appsv1ac.ExtractStatefulSet(o, specs.FieldManager)
 	case *corev1.Service:
@@ -190,24 +195,22 @@ type notOwnedError struct{ what string }
 func (e *notOwnedError) Error() string { return e.what + " is not this KVCluster's" }
 
 // applyStatus writes the whole status with server-side apply on the status subresource, unless the
-// status our manager owns already equals it.
-func applyStatus(ctx context.Context, c client.Client, held *heldStatuses, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) error {
+// status our manager owns already equals it (holdsIntent: of a cached KVCluster, the digest the
+// cache keeps of it).
+func applyStatus(ctx context.Context, c client.Client, writes *statusWrites, kvc *kvv1.KVCluster, st kvv1.KVClusterStatus) error {
 	sac, err := statusApplyConfiguration(st)
 	if err != nil {
 		return fmt.Errorf("status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
-	desired := kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithStatus(sac)
-	if held.holds(kvc, desired, func() bool {
-		owned, err := kvv1ac.ExtractKVClusterStatus(kvc, specs.FieldManager)
-		return err == nil && equality.Semantic.DeepEqual(owned.Status, desired.Status)
-	}) {
+	if holdsIntent(kvc, sac) {
 		return nil
 	}
+	desired := kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithStatus(sac)
 	if err := c.Status().Apply(ctx, desired, client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("apply status of KVCluster %s/%s: %w", kvc.Namespace, kvc.Name, err)
 	}
 	if desired.ResourceVersion != nil { // the API server's answer: the version this write made
-		held.wrote(kvc, *desired.ResourceVersion, time.Now()) // the cache lags in real time
+		writes.wrote(kvc, *desired.ResourceVersion, time.Now()) // the cache lags in real time
 	}
 	return nil
 }
@@ -229,17 +232,11 @@ func statusApplyConfiguration(st kvv1.KVClusterStatus) (*kvv1ac.KVClusterStatusA
 	return ac, nil
 }
 
-// heldStatuses remembers, per cluster, the version (UID and resource version) of the KVCluster at
-// which its status was found to hold the operator's intent, and the digest of that intent.
-// Comparing through Extract reads the KVCluster's managed fields, on every reconcile of every
-// cluster; a KVCluster that has not changed since, asked for the same status, holds it still. Any
-// change to it gives it a new resource version, and is compared afresh. It remembers too the
-// version the operator's last status write made, until the cache shows it (behind). The zero
-// value is ready.
-type heldStatuses struct {
-	mu        sync.Mutex
-	byCluster map[types.NamespacedName]heldStatus
-	written   map[types.NamespacedName]ownWrite
+// statusWrites remembers, per cluster, the version of the KVCluster the operator's last status
+// write made, until the cache shows it (behind). The zero value is ready.
+type statusWrites struct {
+	mu      sync.Mutex
+	written map[types.NamespacedName]ownWrite
 }
 
 // ownWrite is the version of a KVCluster the operator's status write made, and when (the time on
@@ -255,45 +252,8 @@ type ownWrite struct {
 // is believed: an API server whose store went back to an older snapshot would never show the write.
 const cacheLagLimit = 10 * time.Second
 
-type heldStatus struct {
-	uid             types.UID
-	resourceVersion string
-	digest          string
-}
-
-// holds reports whether kvc holds the status desired: from memory when this version of it was
-// found to hold it before, else by compare, remembered when true. A KVCluster with no resource
-// version (not read from the API server) is always compared.
-func (h *heldStatuses) holds(kvc *kvv1.KVCluster, desired any, compare func() bool) bool {
-	if kvc.ResourceVersion == "" {
-		return compare()
-	}
-	digest, err := intentDigest(desired)
-	if err != nil {
-		return compare()
-	}
-	seen := heldStatus{uid: kvc.UID, resourceVersion: kvc.ResourceVersion, digest: digest}
-	cluster := types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}
-	h.mu.Lock()
-	known := h.byCluster[cluster] == seen
-	h.mu.Unlock()
-	if known {
-		return true
-	}
-	if !compare() {
-		return false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.byCluster == nil {
-		h.byCluster = map[types.NamespacedName]heldStatus{}
-	}
-	h.byCluster[cluster] = seen
-	return true
-}
-
 // wrote remembers the version of kvc that the operator's status write made.
-func (h *heldStatuses) wrote(kvc *kvv1.KVCluster, resourceVersion string, now time.Time) {
+func (h *statusWrites) wrote(kvc *kvv1.KVCluster, resourceVersion string, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.written == nil {
@@ -306,7 +266,7 @@ func (h *heldStatuses) wrote(kvc *kvv1.KVCluster, resourceVersion string, now ti
 // to it made: the cache has not caught up with that write yet, and what a reconcile would decide
 // on it was decided already (and announced). A version of another object of the same name, one
 // that cannot be ordered, or one still older after cacheLagLimit is not behind.
-func (h *heldStatuses) behind(kvc *kvv1.KVCluster, now time.Time) bool {
+func (h *statusWrites) behind(kvc *kvv1.KVCluster, now time.Time) bool {
 	cluster := types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -324,9 +284,8 @@ func (h *heldStatuses) behind(kvc *kvv1.KVCluster, now time.Time) bool {
 }
 
 // forget drops a cluster that is gone.
-func (h *heldStatuses) forget(cluster types.NamespacedName) {
+func (h *statusWrites) forget(cluster types.NamespacedName) {
 	h.mu.Lock()
-	delete(h.byCluster, cluster)
 	delete(h.written, cluster)
 	h.mu.Unlock()
 }

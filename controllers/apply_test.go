@@ -21,69 +21,6 @@ import (
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
-// TestHeldStatusesCompareAnythingChanged: the compare of a KVCluster's status is spared only for
-// the very version of the KVCluster already found to hold the very same status; a new version
-// (anyone's edit), a new status, a KVCluster re-created under the name or a cluster forgotten are
-// compared again.
-func TestHeldStatusesCompareAnythingChanged(t *testing.T) {
-	cluster := func(uid types.UID, version string) *kvv1.KVCluster {
-		kvc := newKVCluster("ns", "kv", 3)
-		kvc.UID, kvc.ResourceVersion = uid, version
-		return kvc
-	}
-	status := func(phase kvv1.Phase) any { return map[string]kvv1.Phase{"phase": phase} }
-	type step struct {
-		kvc      *kvv1.KVCluster
-		status   any
-		equal    bool // what the compare finds
-		compared bool
-		held     bool
-	}
-	for _, tc := range []struct {
-		name  string
-		steps []step
-	}{
-		{"first sight is compared", []step{{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true}}},
-		{"the same version and status are not", []step{
-			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
-			{cluster("a", "1"), status(kvv1.PhaseReady), true, false, true}}},
-		{"a new version is", []step{
-			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
-			{cluster("a", "2"), status(kvv1.PhaseReady), false, true, false}}},
-		{"a new status is", []step{
-			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
-			{cluster("a", "1"), status(kvv1.PhaseUpgrading), false, true, false}}},
-		{"a cluster re-created is", []step{
-			{cluster("a", "1"), status(kvv1.PhaseReady), true, true, true},
-			{cluster("b", "1"), status(kvv1.PhaseReady), false, true, false}}},
-		{"a cluster with no resource version always is", []step{
-			{cluster("a", ""), status(kvv1.PhaseReady), true, true, true},
-			{cluster("a", ""), status(kvv1.PhaseReady), true, true, true}}},
-		{"a difference is not remembered", []step{
-			{cluster("a", "1"), status(kvv1.PhaseReady), false, true, false},
-			{cluster("a", "1"), status(kvv1.PhaseReady), false, true, false}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var h heldStatuses
-			for i, s := range tc.steps {
-				compared := false
-				held := h.holds(s.kvc, s.status, func() bool { compared = true; return s.equal })
-				if compared != s.compared || held != s.held {
-					t.Errorf("step %d: compared %v held %v, want compared %v held %v", i, compared, held, s.compared, s.held)
-				}
-			}
-		})
-	}
-	var h heldStatuses
-	h.holds(cluster("a", "1"), status(kvv1.PhaseReady), func() bool { return true })
-	h.forget(types.NamespacedName{Namespace: "ns", Name: "kv"})
-	compared := false
-	h.holds(cluster("a", "1"), status(kvv1.PhaseReady), func() bool { compared = true; return true })
-	if !compared {
-		t.Error("a forgotten cluster's status is not compared again")
-	}
-}
-
 // TestACacheIsBehindOnlyUntilItShowsTheOperatorsWrite: a KVCluster read is behind when it is an
 // older version of the same object than the operator's last status write made, for cacheLagLimit
 // at most; once a read is not, the write is forgotten (a later read cannot go back before it).
@@ -115,7 +52,7 @@ func TestACacheIsBehindOnlyUntilItShowsTheOperatorsWrite(t *testing.T) {
 		{"a version that cannot be ordered is not", true, []read{{cluster("a", "x1"), 0, false}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var h heldStatuses
+			var h statusWrites
 			if tc.write {
 				h.wrote(cluster("a", "10"), "20", written)
 			}
@@ -126,7 +63,7 @@ func TestACacheIsBehindOnlyUntilItShowsTheOperatorsWrite(t *testing.T) {
 			}
 		})
 	}
-	var h heldStatuses
+	var h statusWrites
 	h.wrote(cluster("a", "10"), "20", written)
 	h.forget(types.NamespacedName{Namespace: "ns", Name: "kv"})
 	if h.behind(cluster("a", "10"), written) {

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kvv1ac "github.com/kvcluster/kvcluster-operator/apis/applyconfiguration/apis/v1alpha1"
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -213,6 +214,60 @@ func TestCachedIntentHoldsWhatTheOperatorApplies(t *testing.T) {
 			check("with one of its labels taken over", false)
 		})
 	}
+	// Of the KVCluster, the status the operator applies (applyStatus).
+	t.Run("KVCluster status", func(t *testing.T) {
+		statusOf := func(phase kvv1.Phase) *kvv1ac.KVClusterStatusApplyConfiguration {
+			st, err := statusApplyConfiguration(kvv1.KVClusterStatus{Phase: phase, ReadyPartitions: 3, CurrentVersion: "3.7.3",
+				Members:    []kvv1.MemberStatus{{Name: "kv-0", DBSize: new(resource.MustParse("40Mi"))}},
+				Conditions: []metav1.Condition{{Type: kvv1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", LastTransitionTime: metav1.Now()}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		ready := statusOf(kvv1.PhaseReady)
+		key := client.ObjectKeyFromObject(kvc)
+		check := func(when string, want bool) {
+			t.Helper()
+			var live, cached kvv1.KVCluster
+			if err := admin.Get(ctx, key, &live); err != nil {
+				t.Fatal(err)
+			}
+			if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+				return informers.Get(ctx, key, &cached) == nil && cached.ResourceVersion == live.ResourceVersion, nil
+			}); err != nil {
+				t.Fatalf("%s: the cache does not hold version %s: %v", when, live.ResourceVersion, err)
+			}
+			if len(cached.ManagedFields) != 0 || cached.Annotations[intentAnnotation] == "" {
+				t.Errorf("%s: the cache keeps managed fields, not the digest: %v", when, cached.ObjectMeta)
+			}
+			if got := holdsIntent(&cached, ready); got != want {
+				t.Errorf("%s: as cached, holds the status: %v, want %v", when, got, want)
+			}
+			if got := holdsIntent(&live, ready); got != want {
+				t.Errorf("%s: as read from the API server, holds the status: %v, want %v", when, got, want)
+			}
+			if holdsIntent(&cached, statusOf(kvv1.PhaseUpgrading)) {
+				t.Errorf("%s: as cached, holds another status", when)
+			}
+		}
+		check("before the operator wrote any", false)
+		if err := admin.Status().Apply(ctx, kvv1ac.KVCluster(kvc.Name, kvc.Namespace).WithStatus(ready),
+			client.FieldOwner(specs.FieldManager), client.ForceOwnership); err != nil {
+			t.Fatal(err)
+		}
+		check("as applied", true)
+		if err := admin.Patch(ctx, &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: kvc.Name}},
+			client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"team.example/owner":"storage"}}}`)), client.FieldOwner("kubectl-annotate")); err != nil {
+			t.Fatal(err)
+		}
+		check("beside another manager's annotation", true)
+		if err := admin.Status().Patch(ctx, &kvv1.KVCluster{ObjectMeta: metav1.ObjectMeta{Namespace: kvc.Namespace, Name: kvc.Name}},
+			client.RawPatch(types.MergePatchType, []byte(`{"status":{"phase":"Failed"}}`)), client.FieldOwner("kubectl-edit")); err != nil {
+			t.Fatal(err)
+		}
+		check("with its phase taken over", false)
+	})
 }
 
 // BenchmarkListOneCluster lists one cluster's pods out of the manager's cache when a thousand

@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -234,55 +233,6 @@ func TestCachedIntentKeepsWhatTheOperatorReads(t *testing.T) {
 		if !equality.Semantic.DeepEqual(cached, tc.want) {
 			t.Errorf("cached %T = %+v, want only its metadata %+v", tc.obj, cached, tc.want)
 		}
-	}
-}
-
-// TestOwnManagedFields: of KVClusters, whose status the operator compares with what it owns, the
-// cache keeps its own managed fields (what Extract reads: the same intent comes out) and no one
-// else's (shown on a ConfigMap: the code is the same for every kind).
-func TestOwnManagedFields(t *testing.T) {
-	ours := metav1.ManagedFieldsEntry{Manager: specs.FieldManager, Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1",
-		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{"f:members":{}},"f:metadata":{"f:labels":{"f:app":{}}}}`)}}
-	ourStatus := ours
-	ourStatus.Subresource = "status"
-	theirs := metav1.ManagedFieldsEntry{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
-		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{"f:other":{}}}`)}}
-	for _, tc := range []struct {
-		name   string
-		fields []metav1.ManagedFieldsEntry
-		want   []metav1.ManagedFieldsEntry
-	}{
-		{"ours alone", []metav1.ManagedFieldsEntry{ours}, []metav1.ManagedFieldsEntry{ours}},
-		{"ours beside another manager's", []metav1.ManagedFieldsEntry{theirs, ours, theirs}, []metav1.ManagedFieldsEntry{ours}},
-		{"ours on the object and its status", []metav1.ManagedFieldsEntry{ours, theirs, ourStatus}, []metav1.ManagedFieldsEntry{ours, ourStatus}},
-		{"another manager's alone", []metav1.ManagedFieldsEntry{theirs}, nil},
-		{"none", nil, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kv-members", Namespace: "ns", Labels: map[string]string{"app": "kv"}, ManagedFields: tc.fields},
-				Data: map[string]string{"members": "kv-0", "other": "x"}}
-			before := cm.DeepCopy()
-			after := ownManagedFields(cm).(*corev1.ConfigMap)
-			if !equality.Semantic.DeepEqual(after.ManagedFields, tc.want) {
-				t.Errorf("managed fields = %+v, want %+v", after.ManagedFields, tc.want)
-			}
-			wantAC, err := corev1ac.ExtractConfigMap(before, specs.FieldManager)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gotAC, err := corev1ac.ExtractConfigMap(after, specs.FieldManager)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !equality.Semantic.DeepEqual(gotAC, wantAC) {
-				t.Errorf("what the operator owns = %+v, want %+v", gotAC, wantAC)
-			}
-			after.ManagedFields = nil
-			before.ManagedFields = nil
-			if !equality.Semantic.DeepEqual(after, before) {
-				t.Errorf("object = %+v, want %+v", after, before)
-			}
-		})
 	}
 }
 

@@ -47,14 +47,14 @@ func (r *KVClusterReconciler) finalize(ctx context.Context, cached *kvv1.KVClust
 		}
 		if err := r.deletionAction(ctx, kvc, etcd, *p.Action, &obs); err != nil {
 			// What the earlier steps did is kept (a fence is not raised twice); this one is retried.
-			err = errors.Join(err, applyStatus(ctx, r.Client, &r.heldStatuses, kvc, p.Status))
+			err = errors.Join(err, applyStatus(ctx, r.Client, &r.statusWrites, kvc, p.Status))
 			r.announceDeletion(ctx, kvc, p)
 			return ctrl.Result{}, err
 		}
 		p = plan.Deletion(kvc, obs, now, r.planConfig())
 	}
 	// The status is recorded while the object still exists (a no-op when nothing changed).
-	if err := applyStatus(ctx, r.Client, &r.heldStatuses, kvc, p.Status); err != nil {
+	if err := applyStatus(ctx, r.Client, &r.statusWrites, kvc, p.Status); err != nil {
 		return ctrl.Result{}, errors.Join(p.Err, err)
 	}
 	r.announceDeletion(ctx, kvc, p)

@@ -16,8 +16,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -66,18 +64,17 @@ type KVClusterReconciler struct {
 	Workers int
 
 	leaders leaderTracker
-	// heldStatuses spares the compare of an unchanged KVCluster's status with what the operator
-	// applies (applyStatus).
-	heldStatuses heldStatuses
+	// statusWrites are the versions its status writes made, until the cache shows them (load).
+	statusWrites statusWrites
 }
 
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
 // its own), not every Pod, Job or StatefulSet of the Kubernetes cluster, and of those only what it
 // reads: of Pods, claims and Jobs no managed fields, and of Pods and claims only what observe reads
 // (cachedForm); of the objects it applies, instead of their managed fields, the digest of its own
-// part of them (cachedIntent); of KVClusters, only its own managed fields (ownManagedFields); of
-// all, one copy of what their metadata repeat (sharingMetadata). Given namespaces, it watches
-// only those (an install whose Roles grant nothing elsewhere); none: all.
+// part of them (cachedIntent), as of KVClusters the digest of the status it owns; of all, one
+// copy of what their metadata repeat (sharingMetadata). Given namespaces, it watches only those
+// (an install whose Roles grant nothing elsewhere); none: all.
 func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeaving(namespaces, nil) }
 
 // An operator that watches some namespaces asks at start whether it may work in each (its Role
@@ -117,34 +114,14 @@ func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 	for _, o := range notComparedKinds() {
 		options.ByObject[o] = trimmed
 	}
-	options.DefaultTransform = func(obj any) (any, error) { return sharingMetadata(ownManagedFields(obj)), nil }
+	options.DefaultTransform = func(obj any) (any, error) {
+		if _, ok := obj.(*kvv1.KVCluster); ok {
+			obj = cachedIntent(obj)
+		}
+		return sharingMetadata(obj), nil
+	}
 	return options
 }
-
-// ownManagedFields is what the cache keeps of KVClusters, whose status the operator compares with
-// what it owns (applyStatus): of their managed fields, only the operator's own, the only ones
-// Extract reads. The others (whoever applied the KVCluster) are read by nothing. It changes obj in
-// place (the informer's own copy). A cached object is therefore never written back whole
-// (Update): the API server would take its managed fields for the whole list and drop everyone
-// else's. The operator only applies.
-func ownManagedFields(obj any) any {
-	o, err := meta.Accessor(obj)
-	if err != nil {
-		return obj
-	}
-	fields := o.GetManagedFields()
-	if !slices.ContainsFunc(fields, notOurs) {
-		return obj
-	}
-	if kept := slices.DeleteFunc(fields, notOurs); len(kept) > 0 {
-		o.SetManagedFields(kept)
-	} else {
-		o.SetManagedFields(nil)
-	}
-	return obj
-}
-
-func notOurs(e metav1.ManagedFieldsEntry) bool { return e.Manager != specs.FieldManager }
 
 // notComparedKinds are the kinds the operator never compares with what it owns, so the cache
 // keeps none of their managed fields (cachedForm); it reads them by cluster (clusterIndex), many
@@ -247,7 +224,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	var kvc kvv1.KVCluster
 	if err := r.load(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)
-		r.heldStatuses.forget(req.NamespacedName)
+		r.statusWrites.forget(req.NamespacedName)
 		if slices.Contains(r.Leaving, req.Namespace) {
 			return ctrl.Result{}, nil // its guard goes with the namespace
 		}
@@ -293,7 +270,7 @@ const (
 var errCacheBehind = errors.New("the cache does not hold the operator's last status write yet")
 
 // load reads the KVCluster from the cache; while it is older than the version the operator's last
-// status write to it made (heldStatuses.behind), again every cacheReread, for up to cacheCatchUp
+// status write to it made (statusWrites.behind), again every cacheReread, for up to cacheCatchUp
 // (then errCacheBehind). Decided on an older status, a reconcile would announce again what the
 // last one did and write back a status that is behind. The cache catches up within milliseconds,
 // and a reconcile that waits here keeps its place in the queue, where one requeued would not.
@@ -304,7 +281,7 @@ func (r *KVClusterReconciler) load(ctx context.Context, key types.NamespacedName
 		if err := r.Client.Get(ctx, key, kvc); err != nil {
 			return err
 		}
-		if !kvc.DeletionTimestamp.IsZero() || !r.heldStatuses.behind(kvc, time.Now()) {
+		if !kvc.DeletionTimestamp.IsZero() || !r.statusWrites.behind(kvc, time.Now()) {
 			return nil // (finalize reads a KVCluster being deleted afresh from the API server)
 		}
 		if time.Now().After(deadline) {
@@ -331,7 +308,7 @@ func (r *KVClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&kvv1.KVCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		For(&kvv1.KVCluster{}, builder.WithPredicates(clusterChanged)).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			if o.GetLabels()[specs.GuardLabel] != "true" {
 				return nil
@@ -426,6 +403,28 @@ func enqueueAt(q workqueue.TypedRateLimitingInterface[reconcile.Request], priori
 			q.Add(req)
 		}
 	}
+}
+
+// clusterChanged lets through a KVCluster's creation and deletion, and an update that changes its
+// spec (generation) or the annotations people set: not the digest of the status the operator owns,
+// which the cache keeps among them (cachedIntent) and which each of its status writes changes.
+var clusterChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
+			return true
+		}
+		return !maps.Equal(withoutIntent(e.ObjectOld.GetAnnotations()), withoutIntent(e.ObjectNew.GetAnnotations()))
+	},
+}
+
+// withoutIntent is annotations without the cache's digest (intentAnnotation).
+func withoutIntent(annotations map[string]string) map[string]string {
+	if _, ok := annotations[intentAnnotation]; !ok {
+		return annotations
+	}
+	kept := maps.Clone(annotations)
+	delete(kept, intentAnnotation)
+	return kept
 }
 
 // memberPodChanged lets through a pod's creation and deletion, and an update that changes what

@@ -470,7 +470,7 @@ func newHarnessAs(t *testing.T, asOperator *rest.Config) *harness {
 
 // labelScoped reads like the manager's cache (CacheOptions): of the kinds the operator owns, it
 // sees only the objects labelled as the operator's, in the forms the cache keeps (cachedForm,
-// cachedIntent, ownManagedFields).
+// cachedIntent).
 func labelScoped(c client.WithWatch) client.WithWatch {
 	visible := func(obj client.Object) bool {
 		if _, isKVC := obj.(*kvv1.KVCluster); isKVC {
@@ -482,9 +482,7 @@ func labelScoped(c client.WithWatch) client.WithWatch {
 		switch {
 		case slices.ContainsFunc(notComparedKinds(), func(k client.Object) bool { return reflect.TypeOf(k) == reflect.TypeOf(obj) }):
 			cachedForm(obj)
-		case reflect.TypeOf(obj) == reflect.TypeOf(&kvv1.KVCluster{}):
-			ownManagedFields(obj)
-		default:
+		default: // a KVCluster, or an object the operator applies
 			cachedIntent(obj)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
@@ -50,6 +51,36 @@ func TestMemberPodChanged(t *testing.T) {
 		}, true},
 		{"being deleted", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{} }, true},
 		{"another revision", func(p *corev1.Pod) { p.Labels[appsv1.StatefulSetRevisionLabel] = "kv-2" }, true},
+	})
+}
+
+// TestClusterChanged: a KVCluster's updates start a reconcile when its spec or the annotations
+// people set change, not when only its status does, nor the digest of the status the operator
+// owns that the cache keeps among its annotations (each of the operator's status writes changes
+// it).
+func TestClusterChanged(t *testing.T) {
+	settled := func() *kvv1.KVCluster {
+		kvc := newKVCluster("ns", "kv", 3)
+		kvc.Generation, kvc.Annotations = 2, map[string]string{intentAnnotation: "digest-1"}
+		kvc.Status.Phase = kvv1.PhaseReady
+		return kvc
+	}
+	checkUpdates(t, clusterChanged, settled, []updateCase[*kvv1.KVCluster]{
+		{"nothing", func(*kvv1.KVCluster) {}, false},
+		{"its status written", func(k *kvv1.KVCluster) {
+			k.Status.Phase, k.Annotations[intentAnnotation] = kvv1.PhaseUpgrading, "digest-2"
+		}, false},
+		{"its spec edited", func(k *kvv1.KVCluster) { k.Generation++ }, true},
+		{"an annotation added", func(k *kvv1.KVCluster) { k.Annotations[kvv1.AnnotationBackupNow] = "token-1" }, true},
+		{"the digest dropped", func(k *kvv1.KVCluster) { k.Annotations = nil }, false},
+	})
+	checkUpdates(t, clusterChanged, func() *kvv1.KVCluster {
+		kvc := settled()
+		kvc.Annotations[kvv1.AnnotationBackupNow] = "token-1"
+		return kvc
+	}, []updateCase[*kvv1.KVCluster]{
+		{"its token changed", func(k *kvv1.KVCluster) { k.Annotations[kvv1.AnnotationBackupNow] = "token-2" }, true},
+		{"its token removed", func(k *kvv1.KVCluster) { delete(k.Annotations, kvv1.AnnotationBackupNow) }, true},
 	})
 }
 
