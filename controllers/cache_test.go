@@ -55,10 +55,12 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 			},
 			Status: corev1.PodStatus{
 				Phase: corev1.PodRunning, PodIP: "10.0.0.7", HostIP: "192.168.0.2",
-				Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}, {Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+				Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
+					{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.Now(), Reason: "ContainersNotReady", Message: "containers with unready status: [sidecar]"}},
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "etcd", RestartCount: 2, ImageID: "sha256:0123",
 					State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}},
-					LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: "member has already been bootstrapped"}}}},
+					LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: "member has already been bootstrapped"}}},
+					{Name: "sidecar", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off 5m0s"}}}},
 				InitContainerStatuses: []corev1.ContainerStatus{{Name: "init", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}}}},
 			},
 		}
@@ -92,9 +94,11 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 				t.Errorf("metadata changed: %+v, want %+v", after.ObjectMeta, before.ObjectMeta)
 			}
 			if after.ManagedFields != nil || after.Spec.Volumes != nil || after.Spec.Containers[0].ReadinessProbe != nil || after.Status.PodIP != "" ||
-				slices.ContainsFunc(after.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type != corev1.PodReady || !c.LastTransitionTime.IsZero() }) ||
+				slices.ContainsFunc(after.Status.Conditions, func(c corev1.PodCondition) bool {
+					return c.Type != corev1.PodReady || !c.LastTransitionTime.IsZero() || c.Reason != "" || c.Message != ""
+				}) ||
 				slices.ContainsFunc(after.Status.ContainerStatuses, func(c corev1.ContainerStatus) bool {
-					return c.State.Running != nil && !c.State.Running.StartedAt.IsZero()
+					return c.State.Running != nil && c.State.Running != &sharedRunning || c.State.Waiting != nil
 				}) {
 				t.Errorf("kept what the operator never reads: %+v", after)
 			}
@@ -145,7 +149,7 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 		len(after.Status.Conditions) != 1 {
 		t.Errorf("kept what the operator never reads of a claim: %+v", after)
 	}
-	// Claims of a size share one list of it (its map: a third of a claim's heap).
+	// Claims of a size share one list of it (its map: more than half of a claim's heap).
 	other := before.DeepCopy()
 	other.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi"), "example.com/iops": resource.MustParse("100")}
 	otherAfter := cachedForm(other).(*corev1.PersistentVolumeClaim)
@@ -193,6 +197,10 @@ func TestCachedIntentKeepsWhatTheOperatorReads(t *testing.T) {
 	}
 	if got.STSClaimSize.Cmp(want.STSClaimSize) != 0 {
 		t.Errorf("claim size of the cached StatefulSet = %s, want %s", &got.STSClaimSize, &want.STSClaimSize)
+	}
+	if shared := sharedStorage.of(before.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests); reflect.ValueOf(shared).UnsafePointer() !=
+		reflect.ValueOf(after.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests).UnsafePointer() {
+		t.Error("the cached StatefulSet's claim size is not the list its claims share")
 	}
 	got.STSClaimSize, want.STSClaimSize = resource.Quantity{}, resource.Quantity{}
 	if !reflect.DeepEqual(got, want) {
@@ -263,6 +271,7 @@ func BenchmarkCachedMemberPod(b *testing.B) {
 	pod := corev1.Pod{ObjectMeta: set.Spec.Template.ObjectMeta, Spec: set.Spec.Template.Spec}
 	pod.Name, pod.Namespace, pod.UID, pod.CreationTimestamp = "kv-1", "ns", "pod-uid", metav1.Now()
 	pod.Labels[appsv1.StatefulSetRevisionLabel] = "kv-5d8f6c7b9"
+	pod.Labels[appsv1.StatefulSetPodNameLabel], pod.Labels[appsv1.PodIndexLabel] = "kv-1", "1"
 	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "kv", UID: "set-uid"}}
 	pod.Spec.NodeName, pod.Spec.ServiceAccountName, pod.Spec.DNSPolicy = "node-1", "default", corev1.DNSClusterFirst
 	pod.Spec.Tolerations = []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
@@ -330,6 +339,7 @@ func benchmarkHeldHeap[T any, PT interface {
 	for i := range variants {
 		cluster, member := i/3, i%3
 		own := bytes.ReplaceAll(data, []byte("kv-1"), fmt.Appendf(nil, "kv%d-%d", cluster, member))
+		own = bytes.ReplaceAll(own, []byte(`"kv-`), fmt.Appendf(nil, `"kv%d-`, cluster)) // its revision
 		own = bytes.ReplaceAll(own, []byte(`"kv"`), fmt.Appendf(nil, `"kv%d"`, cluster))
 		for _, uid := range []string{"pod-uid", "claim-uid"} {
 			own = bytes.ReplaceAll(own, []byte(uid+`"`), fmt.Appendf(nil, `%s-%d"`, uid, i))
@@ -345,8 +355,7 @@ func benchmarkHeldHeap[T any, PT interface {
 			var perObject float64
 			for b.Loop() {
 				held := make([]any, objects)
-				// What the objects share is held for them: measured from none.
-				sharedMetadata, sharedStorage = newMetadataTable(), storageLists{lists: map[string]corev1.ResourceList{}}
+				resetShared() // what the objects share is held for them: measured from none
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)
@@ -400,8 +409,7 @@ func TestSharedStorageIsBounded(t *testing.T) {
 // TestSharingMetadata: cached objects' metadata are equal to what was decoded, but a cluster's
 // objects share one copy of its strings, and all but pods one map of a set of labels.
 func TestSharingMetadata(t *testing.T) {
-	defer func(kept *metadataTable) { sharedMetadata = kept }(sharedMetadata)
-	sharedMetadata = newMetadataTable()
+	table := newMetadataTable()                        // the cache's is shared with this package's other tests
 	decoded := func(obj client.Object) client.Object { // each its own copies, as decoding gives them
 		data, err := json.Marshal(obj)
 		if err != nil {
@@ -415,7 +423,7 @@ func TestSharingMetadata(t *testing.T) {
 	}
 	kvc := newKVCluster("ns", "kv", 3)
 	kvc.UID = "cluster-uid"
-	owner := []metav1.OwnerReference{{APIVersion: "kvcluster.io/v1alpha1", Kind: "KVCluster", Name: "kv", UID: "cluster-uid", Controller: new(true)}}
+	owner := []metav1.OwnerReference{{APIVersion: "kvcluster.io/v1alpha1", Kind: "KVCluster", Name: "kv", UID: "cluster-uid", Controller: new(true), BlockOwnerDeletion: new(true)}}
 	meta := func(name string, labels map[string]string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(name + "-uid"), Labels: labels, OwnerReferences: owner,
 			Annotations: map[string]string{"example.com/note": name}, Finalizers: []string{"kubernetes.io/pvc-protection"}}
@@ -436,11 +444,11 @@ func TestSharingMetadata(t *testing.T) {
 	for _, obj := range objects {
 		o := decoded(obj)
 		before := o.DeepCopyObject()
-		after := sharingMetadata(o).(client.Object)
+		after := table.share(o).(client.Object)
 		if !equality.Semantic.DeepEqual(after, before) {
 			t.Fatalf("%s changed: %+v, want %+v", obj.GetName(), after, before)
 		}
-		if again := sharingMetadata(after.DeepCopyObject()); !equality.Semantic.DeepEqual(again, after) {
+		if again := table.share(after.DeepCopyObject()); !equality.Semantic.DeepEqual(again, after) {
 			t.Errorf("%s shared twice = %+v, want %+v", obj.GetName(), again, after)
 		}
 		cached = append(cached, after)
@@ -451,7 +459,11 @@ func TestSharingMetadata(t *testing.T) {
 		if !same(o.GetNamespace(), first.GetNamespace()) || !same(o.GetLabels()[specs.ClusterLabel], first.GetLabels()[specs.ClusterLabel]) ||
 			!same(string(o.GetOwnerReferences()[0].UID), string(first.GetOwnerReferences()[0].UID)) ||
 			!same(o.GetOwnerReferences()[0].Kind, first.GetOwnerReferences()[0].Kind) || !same(o.GetFinalizers()[0], first.GetFinalizers()[0]) ||
-			o.GetOwnerReferences()[0].Controller != first.GetOwnerReferences()[0].Controller {
+			!same(o.GetOwnerReferences()[0].APIVersion, first.GetOwnerReferences()[0].APIVersion) ||
+			!same(o.GetOwnerReferences()[0].Name, first.GetOwnerReferences()[0].Name) ||
+			o.GetOwnerReferences()[0].Controller != first.GetOwnerReferences()[0].Controller ||
+			o.GetOwnerReferences()[0].BlockOwnerDeletion != first.GetOwnerReferences()[0].BlockOwnerDeletion ||
+			!same(slices.Collect(maps.Keys(o.GetAnnotations()))[0], slices.Collect(maps.Keys(first.GetAnnotations()))[0]) {
 			t.Errorf("%s does not share the cluster's strings with %s", o.GetName(), first.GetName())
 		}
 		if same(o.GetName(), first.GetName()) {
@@ -462,14 +474,24 @@ func TestSharingMetadata(t *testing.T) {
 	if mapOf(cached[0]) != mapOf(cached[1]) || mapOf(cached[0]) != mapOf(cached[2]) {
 		t.Error("claims and Service of one cluster do not share their set of labels")
 	}
-	if n := len(slices.Concat(slices.Collect(maps.Values(sharedMetadata.labels))...)); n != 1 {
+	if n := len(slices.Concat(slices.Collect(maps.Values(table.labels))...)); n != 1 {
 		t.Errorf("%d sets of labels held, want 1: a pod's are its own, never shared", n)
 	}
 
 	// Past its bound the table starts afresh: what is cached keeps its copies.
-	sharedMetadata.entries = maxSharedMetadata
-	o := sharingMetadata(decoded(objects[0])).(client.Object)
-	if mapOf(o) == mapOf(cached[0]) || !maps.Equal(o.GetLabels(), cached[0].GetLabels()) || sharedMetadata.entries > 20 {
-		t.Errorf("table past its bound: %d entries, labels %v shared %v", sharedMetadata.entries, o.GetLabels(), mapOf(o) == mapOf(cached[0]))
+	table.bytes = maxSharedMetadataBytes
+	o := table.share(decoded(objects[0])).(client.Object)
+	if mapOf(o) == mapOf(cached[0]) || !maps.Equal(o.GetLabels(), cached[0].GetLabels()) || len(table.strings) > 20 {
+		t.Errorf("table past its bound: %d strings, labels %v shared %v", len(table.strings), o.GetLabels(), mapOf(o) == mapOf(cached[0]))
 	}
+}
+
+// resetShared empties what the cached objects share (benchmarks measure what they hold from none).
+func resetShared() {
+	sharedMetadata.mu.Lock()
+	sharedMetadata.strings, sharedMetadata.labels, sharedMetadata.bytes = map[string]string{}, map[uint64][]map[string]string{}, 0
+	sharedMetadata.mu.Unlock()
+	sharedStorage.mu.Lock()
+	sharedStorage.lists = map[string]corev1.ResourceList{}
+	sharedStorage.mu.Unlock()
 }

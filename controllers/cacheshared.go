@@ -13,16 +13,17 @@ import (
 
 // What the cached objects share. Decoding gives each object its own copy of every string and
 // map, and a thousand clusters' objects repeat most of them: namespaces, label keys and values,
-// owners, sizes. The cache's transforms point them at one copy instead. Nothing changes a cached
-// object (the cache hands out copies; the transforms run before it holds one), so nothing changes
-// what they share.
+// owners, sizes. The cache's transforms point them at one copy instead. So nothing may change a
+// cached object in place: not the readers of the cache (it hands them copies), nor the event
+// handlers, predicates and index functions, which get the cached object itself and only read it.
 
 // sharedStorage holds the storage sizes of the cached claims and the StatefulSets' claim
 // templates.
 var sharedStorage = storageLists{lists: map[string]corev1.ResourceList{}}
 
-// maxSharedSizes bounds how many sizes sharedStorage holds: a fleet has few, and past it (claims
-// labelled as the operator's by someone else, all of different sizes) a list is just not shared.
+// maxSharedSizes bounds how many sizes sharedStorage holds: a fleet has few, which its claims keep
+// for their life; past it (claims labelled as the operator's by someone else, all of different
+// sizes) a list is just not shared.
 const maxSharedSizes = 256
 
 // storageLists give one list (of storage only, the one resource the operator reads of a volume)
@@ -51,13 +52,34 @@ func (s *storageLists) of(list corev1.ResourceList) corev1.ResourceList {
 	return shared
 }
 
+// sharedRunning is the state of every running container of the cached pods (since when is not
+// read).
+var sharedRunning corev1.ContainerStateRunning
+
+// sharedTrue and sharedFalse are what the cached objects' owner references point at.
+var sharedTrue, sharedFalse = true, false
+
+func sharedBool(b *bool) *bool {
+	switch {
+	case b == nil:
+		return nil
+	case *b:
+		return &sharedTrue
+	default:
+		return &sharedFalse
+	}
+}
+
 // sharedMetadata holds the strings and label sets of the cached objects' metadata.
 var sharedMetadata = newMetadataTable()
 
-// maxSharedMetadata bounds sharedMetadata; past it, it starts afresh (what is cached keeps what it
-// shares; only later objects share anew). A cluster's own strings and label sets are about ten
-// (its name, UIDs, revisions), so a fleet of several thousand clusters fits.
-const maxSharedMetadata = 1 << 16
+// maxSharedMetadataBytes bounds sharedMetadata by what it holds (estimated: a string's bytes and
+// its entry, a set's map); past it, it starts afresh. What is cached keeps what it shares, and
+// only objects cached later share anew: for a while two copies of a string are held, not more. It
+// holds too what objects since deleted shared (Jobs' names, old revisions) until then. A cluster's
+// own strings and label sets are about ten (its name, UIDs, revisions): 1,000 clusters' take
+// about 1 MB.
+const maxSharedMetadataBytes = 8 << 20
 
 // metadataTable gives one copy of each string, and one map of each set of labels.
 type metadataTable struct {
@@ -65,61 +87,78 @@ type metadataTable struct {
 	strings map[string]string
 	// labels are the label sets by the hash of their keys and values (labelsHash), unequal sets
 	// with the same hash side by side.
-	labels  map[uint64][]map[string]string
-	entries int
-	seed    maphash.Seed
+	labels map[uint64][]map[string]string
+	bytes  int
+	seed   maphash.Seed
 }
+
+// Estimates of what a table entry holds besides its strings' bytes: a string's header twice in a
+// map slot with its share of the map's control bytes and growth; a set's map (Go's maps hold
+// eight entries per group) and its slot.
+const (
+	stringEntryBytes = 40
+	labelSetBytes    = 64
+	labelEntryBytes  = 40
+)
 
 func newMetadataTable() *metadataTable {
 	return &metadataTable{strings: map[string]string{}, labels: map[uint64][]map[string]string{}, seed: maphash.MakeSeed()}
 }
 
-// sharingMetadata makes the metadata of obj, a cached object, use sharedMetadata: its namespace,
-// labels, annotations' keys, owners and finalizers (not its name or UID, its own). The values of
-// annotations are mostly each object's own (the digests of cachedIntent). A pod's labels are one
-// map of its own (its name, its revision) of shared strings; other objects' labels, one map per set
-// (a cluster's claims have the same, as have the objects the operator applies).
-func sharingMetadata(obj any) any {
+// sharingMetadata makes the metadata of obj, a cached object, use sharedMetadata (share).
+func sharingMetadata(obj any) any { return sharedMetadata.share(obj) }
+
+// share makes the metadata of obj use the table's copies: its namespace, labels, annotations'
+// keys, owners and finalizers (not its name or UID, its own). The values of annotations are
+// mostly each object's own (the digests of cachedIntent). A pod's labels are one map of its own
+// (its name, its revision) of shared strings; other objects' labels, one map per set (a
+// cluster's claims have the same, as have the objects the operator applies).
+func (t *metadataTable) share(obj any) any {
 	o, ok := obj.(metav1.Object)
 	if !ok {
 		return obj
 	}
-	t := sharedMetadata
+	labels := o.GetLabels()
+	_, pod := obj.(*corev1.Pod)
+	var hash uint64
+	if len(labels) > 0 && !pod {
+		hash = labelsHash(t.seed, labels)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.entries >= maxSharedMetadata {
-		t.strings, t.labels, t.entries = map[string]string{}, map[uint64][]map[string]string{}, 0
+	if t.bytes >= maxSharedMetadataBytes {
+		t.strings, t.labels, t.bytes = map[string]string{}, map[uint64][]map[string]string{}, 0
 	}
-	o.SetNamespace(t.string(o.GetNamespace()))
-	if labels := o.GetLabels(); len(labels) > 0 {
-		if _, pod := obj.(*corev1.Pod); pod {
-			o.SetLabels(t.stringsOf(labels))
-		} else {
-			o.SetLabels(t.labelSet(labels))
-		}
+	o.SetNamespace(t.intern(o.GetNamespace()))
+	switch {
+	case len(labels) == 0:
+	case pod:
+		o.SetLabels(t.internAll(labels))
+	default:
+		o.SetLabels(t.labelSet(hash, labels))
 	}
 	if annotations := o.GetAnnotations(); len(annotations) > 0 {
 		shared := make(map[string]string, len(annotations))
 		for k, v := range annotations {
-			shared[t.string(k)] = v
+			shared[t.intern(k)] = v
 		}
 		o.SetAnnotations(shared)
 	}
 	owners := o.GetOwnerReferences()
 	for i := range owners {
-		owners[i].APIVersion, owners[i].Kind, owners[i].Name = t.string(owners[i].APIVersion), t.string(owners[i].Kind), t.string(owners[i].Name)
-		owners[i].UID = types.UID(t.string(string(owners[i].UID)))
+		owners[i].APIVersion, owners[i].Kind, owners[i].Name = t.intern(owners[i].APIVersion), t.intern(owners[i].Kind), t.intern(owners[i].Name)
+		owners[i].UID = types.UID(t.intern(string(owners[i].UID)))
 		owners[i].Controller, owners[i].BlockOwnerDeletion = sharedBool(owners[i].Controller), sharedBool(owners[i].BlockOwnerDeletion)
 	}
 	finalizers := o.GetFinalizers()
 	for i := range finalizers {
-		finalizers[i] = t.string(finalizers[i])
+		finalizers[i] = t.intern(finalizers[i])
 	}
 	return obj
 }
 
-// string is the table's copy of s (t.mu held).
-func (t *metadataTable) string(s string) string {
+// intern is the table's copy of s (t.mu held).
+func (t *metadataTable) intern(s string) string {
 	if s == "" {
 		return s
 	}
@@ -127,30 +166,29 @@ func (t *metadataTable) string(s string) string {
 		return shared
 	}
 	t.strings[s] = s
-	t.entries++
+	t.bytes += len(s) + stringEntryBytes
 	return s
 }
 
-// stringsOf is a map of the table's copies of the keys and values of m (t.mu held).
-func (t *metadataTable) stringsOf(m map[string]string) map[string]string {
+// internAll is a map of the table's copies of the keys and values of m (t.mu held).
+func (t *metadataTable) internAll(m map[string]string) map[string]string {
 	shared := make(map[string]string, len(m))
 	for k, v := range m {
-		shared[t.string(k)] = t.string(v)
+		shared[t.intern(k)] = t.intern(v)
 	}
 	return shared
 }
 
-// labelSet is the table's map equal to labels (t.mu held).
-func (t *metadataTable) labelSet(labels map[string]string) map[string]string {
-	h := labelsHash(t.seed, labels)
-	for _, set := range t.labels[h] {
+// labelSet is the table's map equal to labels, whose labelsHash is hash (t.mu held).
+func (t *metadataTable) labelSet(hash uint64, labels map[string]string) map[string]string {
+	for _, set := range t.labels[hash] {
 		if maps.Equal(set, labels) {
 			return set
 		}
 	}
-	set := t.stringsOf(labels)
-	t.labels[h] = append(t.labels[h], set)
-	t.entries++
+	set := t.internAll(labels)
+	t.labels[hash] = append(t.labels[hash], set)
+	t.bytes += labelSetBytes + labelEntryBytes*len(set)
 	return set
 }
 
@@ -165,18 +203,4 @@ func labelsHash(seed maphash.Seed, labels map[string]string) uint64 {
 		h.WriteByte(0)
 	}
 	return h.Sum64()
-}
-
-// sharedTrue and sharedFalse are what the cached objects' owner references point at.
-var sharedTrue, sharedFalse = true, false
-
-func sharedBool(b *bool) *bool {
-	switch {
-	case b == nil:
-		return nil
-	case *b:
-		return &sharedTrue
-	default:
-		return &sharedFalse
-	}
 }

@@ -134,15 +134,15 @@ var stripManagedFields = cache.TransformStripManagedFields()
 
 // cachedForm is what the cache keeps of an object of notComparedKinds: no managed fields; of a
 // Pod, besides, only what the operator reads of it (its metadata; each container's name and the
-// flags PodTransport reads; its phase, conditions, and its containers' states and restarts:
-// observePods, memberPodStateOf, TerminationMessage). The rest of a pod's spec (probes,
-// environment, mounts, volumes, tolerations) is most of its size, one pod per member, and the
-// operator reads it from the StatefulSet's template instead. Of a claim, its metadata but its
-// annotations, its StorageClass, the size asked for and had, its phase and conditions
-// (claimObserved, plan.ClaimBelongs). Of the conditions, only those read: a pod's readiness, a
-// claim's pending file system resize. The sizes are one shared list per size (sharedStorage): a
-// map each, they had been a third of a claim's heap. It changes obj in place (the informer's own
-// copy), and a second pass changes nothing (the informer may make two).
+// flags PodTransport reads; its phase, readiness, and whether each container runs or how it
+// ended, and its restarts: observePods, memberPodStateOf, TerminationMessage). The rest of a
+// pod's spec (probes, environment, mounts, volumes, tolerations) is most of its size, one pod per
+// member, and the operator reads it from the StatefulSet's template instead. Of a claim, its
+// metadata but its annotations, its StorageClass, the size asked for and had, its phase and a
+// pending file system resize (claimObserved, plan.ClaimBelongs). The sizes are one shared list
+// per size (sharedStorage): a map each, they had been more than half of a claim's heap. It
+// changes obj in place (the informer's own copy), and a second pass changes nothing (the
+// informer may make two).
 func cachedForm(obj any) any {
 	obj, _ = stripManagedFields(obj) // never fails
 	if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
@@ -184,9 +184,6 @@ func cachedForm(obj any) any {
 	pod.Status = corev1.PodStatus{Phase: pod.Status.Phase, Conditions: conditions, ContainerStatuses: statuses}
 	return pod
 }
-
-// sharedRunning is the state of every running container of the cached pods.
-var sharedRunning corev1.ContainerStateRunning
 
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;patch;delete
