@@ -31,6 +31,7 @@ import (
 type writerReport struct {
 	Acknowledged             int      `json:"acknowledged"`
 	Failed                   int      `json:"failed"`
+	Outages                  int      `json:"outages"`
 	LongestUnavailableMillis int64    `json:"longestUnavailableMillis"`
 	LongestUnavailableSince  string   `json:"longestUnavailableSince"`
 	LastError                string   `json:"lastError"`
@@ -46,7 +47,7 @@ type writerReport struct {
 
 // String says what the writer saw, with when its longest outage began (to match with events).
 func (r writerReport) String() string {
-	s := fmt.Sprintf("%d acknowledged, %d failed, longest unavailability %d ms", r.Acknowledged, r.Failed, r.LongestUnavailableMillis)
+	s := fmt.Sprintf("%d acknowledged, %d failed in %d outages, longest unavailability %d ms", r.Acknowledged, r.Failed, r.Outages, r.LongestUnavailableMillis)
 	if r.LongestUnavailableSince != "" {
 		s += " from " + r.LongestUnavailableSince
 	}
@@ -54,6 +55,18 @@ func (r writerReport) String() string {
 		s += " (" + r.LastError + ")"
 	}
 	return s
+}
+
+// failuresSince lists the writer's failed writes from since on, a line each, to match with the
+// cluster's events.
+func (r writerReport) failuresSince(since time.Time) string {
+	var lines []string
+	for _, f := range r.Failures {
+		if !f.Failed.Before(since) {
+			lines = append(lines, fmt.Sprintf("sent %s, failed %s: %s", f.Sent.UTC().Format(time.StampMilli), f.Failed.UTC().Format(time.StampMilli), f.Error))
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // startWriter runs the continuous writer against the cluster's client Service, with the

@@ -2,7 +2,8 @@
 // key after another through the cluster's client Service while the operator upgrades, scales or
 // heals the cluster. It serves what it saw on :8080 (read through the API server's pod proxy):
 //
-//	/report  writes acknowledged and failed so far, and the longest time without a successful write;
+//	/report  writes acknowledged and failed so far, the outages they failed in, and the longest time
+//	         without a successful write;
 //	         ?reset=true then starts that longest time afresh (to measure one step on its own)
 //	/halt    stops writing (e.g. before another cluster takes the Service's name) and reports
 //	/stop    stops writing, then checks that every acknowledged key is present and says which are not;
@@ -46,6 +47,10 @@ import (
 type Report struct {
 	Acknowledged int `json:"acknowledged"`
 	Failed       int `json:"failed"`
+	// Outages counts the stretches of failed writes with no success between them: a leader
+	// handover is one, however many writes it fails (a loaded machine makes it last longer, and
+	// fail more of the writes sent 20 ms apart).
+	Outages int `json:"outages"`
 	// LongestUnavailableMillis is the longest time between two successful writes (or from the last
 	// success to now), i.e. the longest the cluster was unavailable to this client.
 	LongestUnavailableMillis int64 `json:"longestUnavailableMillis"`
@@ -88,6 +93,8 @@ type writer struct {
 	cli         etcdClient
 	acked       []string
 	failed      int
+	outages     int
+	failing     bool // the last write failed: the next failure is in the same outage
 	lastSuccess time.Time
 	longest     time.Duration
 	longestFrom time.Time
@@ -114,14 +121,17 @@ func (w *writer) run(ctx context.Context, interval time.Duration) {
 		now := time.Now()
 		w.mu.Lock()
 		if err != nil {
-			w.failed++
+			if !w.failing {
+				w.outages++
+			}
+			w.failed, w.failing = w.failed+1, true
 			w.lastErr = err.Error()
 			w.failures = append(w.failures, Failure{Sent: sent, Failed: now, Error: w.lastErr})
 			if len(w.failures) > maxFailures {
 				w.failures = slices.Delete(w.failures, 0, len(w.failures)-maxFailures)
 			}
 		} else {
-			w.acked = append(w.acked, key)
+			w.acked, w.failing = append(w.acked, key), false
 			if !w.lastSuccess.IsZero() { // measured from the first success: connecting is not an outage
 				if gap := now.Sub(w.lastSuccess); gap > w.longest {
 					w.longest, w.longestFrom = gap, w.lastSuccess
@@ -152,7 +162,7 @@ func (w *writer) report() Report {
 	if !w.stopped && !w.lastSuccess.IsZero() && time.Since(w.lastSuccess) > longest {
 		longest, from = time.Since(w.lastSuccess), w.lastSuccess
 	}
-	rep := Report{Acknowledged: len(w.acked), Failed: w.failed, LongestUnavailableMillis: longest.Milliseconds(), LastError: w.lastErr,
+	rep := Report{Acknowledged: len(w.acked), Failed: w.failed, Outages: w.outages, LongestUnavailableMillis: longest.Milliseconds(), LastError: w.lastErr,
 		Failures: slices.Clone(w.failures)}
 	if !from.IsZero() {
 		rep.LongestUnavailableSince = from.UTC().Format(time.RFC3339Nano)

@@ -116,3 +116,47 @@ func TestReportListsTheLastFailuresWithTheirTimes(t *testing.T) {
 		}
 	}
 }
+
+// scriptedEtcd answers the puts as script says, one letter each ('o' kept, 'x' refused), then
+// cancels the writer's loop.
+type scriptedEtcd struct {
+	clientv3.KV
+	script string
+	n      int
+	done   context.CancelFunc
+}
+
+func (s *scriptedEtcd) Put(context.Context, string, string, ...clientv3.OpOption) (*clientv3.PutResponse, error) {
+	s.n++
+	if s.n == len(s.script) {
+		s.done()
+	}
+	if s.script[s.n-1] == 'x' {
+		return nil, fmt.Errorf("etcdserver: request timed out")
+	}
+	return &clientv3.PutResponse{}, nil
+}
+
+func (*scriptedEtcd) Close() error { return nil }
+
+// A leader handover fails however many writes it overlaps: a test counts the outages, the
+// stretches of failures between successes.
+func TestReportCountsOutagesNotFailedWrites(t *testing.T) {
+	for _, tc := range []struct {
+		script          string
+		failed, outages int
+	}{
+		{"oooo", 0, 0},
+		{"xxoo", 2, 1}, // before the first success: one outage too
+		{"oxxxxxxo", 6, 1},
+		{"oxoxxoxo", 4, 3},
+		{"ooxoox", 2, 2}, // still failing at the end
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		w := &writer{cli: &scriptedEtcd{script: tc.script, done: cancel}, prefix: "k/"}
+		w.run(ctx, 0)
+		if rep := w.report(); rep.Failed != tc.failed || rep.Outages != tc.outages || rep.Acknowledged != len(tc.script)-tc.failed {
+			t.Errorf("%s: %d acknowledged, %d failed in %d outages; want %d failed in %d outages", tc.script, rep.Acknowledged, rep.Failed, rep.Outages, tc.failed, tc.outages)
+		}
+	}
+}
