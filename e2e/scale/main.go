@@ -64,6 +64,7 @@ func main() {
 	perCluster := flag.Duration("wait-per-cluster", 300*time.Millisecond, "how long creation may take per cluster, on top of 2 minutes, before the clusters not Ready fail the run (also for those created beside frozen ones; 1,000 clusters on 2 cores need more than the default)")
 	upgradePerCluster := flag.Duration("upgrade-wait-per-cluster", 600*time.Millisecond, "how long the version change may take per cluster, on top of 3 minutes, before the clusters not upgraded fail the run (1,000 clusters on 2 cores take about 0.7 s each: their 3,000 pods restart one member at a time)")
 	out := flag.String("out", "", "markdown file to write the tables to, with the machine and how to reproduce them")
+	tlsMode := flag.String("tls", string(kvv1.TLSOperator), "the clusters' tls.mode: Operator, what deploy/admission/tls-by-default.yaml gives every new cluster (certificates issued, every etcd request over mutual TLS), or Disabled (plaintext)")
 	check := flag.Bool("check", false, "exit 1 unless every cluster became Ready, upgraded and went, and the idle fleet made no write (the smoke run of make test)")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard()) // the harness's watches log nothing worth reading
@@ -93,8 +94,11 @@ func main() {
 		}
 		ns = append(ns, n)
 	}
-	results, err := run(t, ns, *steady, *frozenShare, *workers, waits{create: *perCluster, upgrade: *upgradePerCluster})
-	report := render(results, *steady, *frozenShare, *workers)
+	if mode := kvv1.TLSMode(*tlsMode); mode != kvv1.TLSOperator && mode != kvv1.TLSDisabled {
+		fail(fmt.Errorf("-tls: %q is neither %s nor %s", mode, kvv1.TLSOperator, kvv1.TLSDisabled))
+	}
+	results, err := run(t, ns, *steady, *frozenShare, *workers, waits{create: *perCluster, upgrade: *upgradePerCluster}, kvv1.TLSMode(*tlsMode))
+	report := render(results, *steady, *frozenShare, *workers, kvv1.TLSMode(*tlsMode))
 	fmt.Print(report)
 	if err != nil {
 		fail(err)
@@ -123,7 +127,7 @@ func fail(err error) {
 // waits are how long a scenario may take per cluster, on top of a few minutes.
 type waits struct{ create, upgrade time.Duration }
 
-func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers int, perCluster waits) ([]*result, error) {
+func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers int, perCluster waits, tlsMode kvv1.TLSMode) ([]*result, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cacheDir, err := os.UserCacheDir()
@@ -194,7 +198,7 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	defer keepLogs(work)
 
 	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue})}
-	watched, err := cache.New(cp.cfg, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: owned, &corev1.ConfigMap{}: owned}})
+	watched, err := cache.New(cp.cfg, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: owned, &corev1.ConfigMap{}: owned, &corev1.Secret{}: owned}})
 	if err != nil {
 		return nil, err
 	}
@@ -202,8 +206,10 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	if err != nil {
 		return nil, err
 	}
-	if _, err := watched.GetInformer(ctx, &corev1.ConfigMap{}); err != nil {
-		return nil, err
+	for _, obj := range []client.Object{&corev1.ConfigMap{}, &corev1.Secret{}} { // the membership, the members' certificates
+		if _, err := watched.GetInformer(ctx, obj); err != nil {
+			return nil, err
+		}
 	}
 	go func() { _ = watched.Start(ctx) }()
 	if !watched.WaitForCacheSync(ctx) {
@@ -219,7 +225,7 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 
 	var results []*result
 	for i, n := range ns {
-		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}, perCluster: perCluster}
+		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}, perCluster: perCluster, tls: tlsMode}
 		results = append(results, b.r)
 		op, err := startOperator(work, cp.kubeconfig, l.Addr().String(), workers)
 		if err != nil {
@@ -289,6 +295,8 @@ type bench struct {
 	// perCluster is how long creation (on top of 2 minutes) and the version change (on top of 3)
 	// may take per cluster.
 	perCluster waits
+	// tls is the clusters' tls.mode.
+	tls kvv1.TLSMode
 }
 
 func (b *bench) names(prefix string, n int) []types.NamespacedName {
@@ -327,7 +335,7 @@ func applyEach(clusters []types.NamespacedName, request func(kvc *kvv1.KVCluster
 
 func (b *bench) create(ctx context.Context, clusters []types.NamespacedName) error {
 	_, err := applyEach(clusters, func(kvc *kvv1.KVCluster) error {
-		kvc.Spec = kvv1.KVClusterSpec{Version: fromVersion, Partitions: 3}
+		kvc.Spec = kvv1.KVClusterSpec{Version: fromVersion, Partitions: 3, TLS: &kvv1.TLSSpec{Mode: b.tls}}
 		return b.cp.c.Create(ctx, kvc)
 	})
 	return err
@@ -560,10 +568,10 @@ func (r *result) problems() []string {
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
 // render prints the tables.
-func render(results []*result, steady time.Duration, frozenShare float64, workers int) string {
+func render(results []*result, steady time.Duration, frozenShare float64, workers int, tlsMode kvv1.TLSMode) string {
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
-	w("### Creating N clusters at once (3 members each)\n\n")
+	w("### Creating N clusters at once (3 members each, tls.mode %s)\n\n", tlsMode)
 	w("| N | all Ready after | operator overhead per cluster p50 / p99 / max | API requests per cluster | operator CPU | peak RSS | queue depth max | mean queue wait |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		c := r.create
@@ -694,7 +702,12 @@ Fleet sizes: %s.
   connections go to simulated members (`+"`controllers/members/membersim`"+`): a gRPC server speaking
   etcd's API that answers from the member pods' state — a member answers while its pod is Ready,
   reports its pod's image version, and the membership changes only through the operator's
-  requests. Everything else the operator does goes through the API server as in production.
+  requests. It takes a connection as the member pod's etcd flags say: with `+"`-tls Operator`"+`
+  (the default: what the shipped admission policy gives every new cluster) each one is a TLS
+  handshake with the member's server certificate, from its Secret, the operator's client
+  certificate checked against the cluster's CA; `+"`-tls Disabled`"+` runs plaintext clusters
+  (the tables' headings say which ran). Everything else the operator does goes through the API
+  server as in production.
   The simulated members elect a leader at once, are always caught up and never refuse a
   membership change for being too recent: creation and upgrade times leave out etcd's own
   delays and are lower bounds for real members.

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 )
 
 // After a failed creation only the creation row is printed: the scenarios that did not run get
@@ -24,7 +26,7 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 		upgrade: scenario{window: time.Minute, clusters: 11},
 		delete:  scenario{window: time.Minute, clusters: 11},
 	}
-	out := render([]*result{ran, failed}, time.Minute, 0.1, 0)
+	out := render([]*result{ran, failed}, time.Minute, 0.1, 0, kvv1.TLSOperator)
 	if strings.Contains(out, "NaN") {
 		t.Errorf("the tables hold NaN:\n%s", out)
 	}

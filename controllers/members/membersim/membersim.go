@@ -6,9 +6,11 @@
 //
 // Every connection an operator built with the kvcsim tag opens to a member goes to one Sim,
 // starting with a line naming the address it dialled ("kv-0.kv-peer.ns.svc:2379"): that names the
-// cluster and the member. A member answers while its pod is Ready; a cluster's membership starts
-// as its membership ConfigMap says and then changes only through the requests the operator sends,
-// as etcd's does. A frozen cluster accepts connections and never answers, as a SIGSTOPped etcd.
+// cluster and the member. A member takes a connection as its pod's etcd flags say (plaintext, TLS
+// with the server certificate its pod mounts, or either) and answers while its pod is Ready; a
+// cluster's membership starts as its membership ConfigMap says and then changes only through the
+// requests the operator sends, as etcd's does. A frozen cluster accepts connections and never
+// answers, as a SIGSTOPped etcd.
 package membersim
 
 import (
@@ -48,8 +50,8 @@ const (
 
 // Sim is the simulated etcd of every KVCluster.
 type Sim struct {
-	// Pods reads the member pods and the clusters' membership ConfigMaps (a cache in the benchmark);
-	// Live, if set, the API server itself.
+	// Pods reads the member pods, the clusters' membership ConfigMaps and the members' certificate
+	// Secrets (a cache in the benchmark); Live, if set, the API server itself.
 	Pods, Live client.Reader
 
 	// mu guards the maps below. Each cluster has a lock of its own, as each etcd cluster is its
@@ -60,6 +62,8 @@ type Sim struct {
 	frozen   map[types.NamespacedName]bool
 	// held counts the connections and requests a frozen cluster left unanswered.
 	held map[types.NamespacedName]int
+	// served are the members' server certificates, by their Secret.
+	served map[types.NamespacedName]servedCertificate
 
 	conns, requests atomic.Int64
 }
@@ -207,12 +211,18 @@ func (s *Sim) admit(conn net.Conn, to *chanListener) {
 		_ = conn.Close()
 		return
 	}
-	if _, err := s.runningPod(context.Background(), t); err != nil {
+	pod, err := s.runningPod(context.Background(), t)
+	if err != nil {
+		_ = conn.Close()
+		return
+	}
+	secured, err := s.secured(context.Background(), &targetConn{Conn: conn, r: r, t: t}, pod)
+	if err != nil { // a client of a scheme the member does not take, or one without a certificate it trusts
 		_ = conn.Close()
 		return
 	}
 	select {
-	case to.conns <- &targetConn{Conn: conn, r: r, t: t}:
+	case to.conns <- secured:
 	case <-to.done:
 		_ = conn.Close()
 	}
