@@ -297,6 +297,11 @@ func logClusterEvents(t *testing.T, cfg *envconf.Config, kvc *kvv1.KVCluster) {
 	t.Logf("events:\n%s", events)
 }
 
+// maxHandoverOutage bounds how long a client may go without a successful write while a member
+// hands leadership over and restarts: the longest outage seen in these moves on a loaded machine
+// was 2.8 s; a member refusing the client's scheme, or a lost quorum, lasts longer.
+const maxHandoverOutage = 10 * time.Second
+
 func TestMovingARunningClusterToTLS(t *testing.T) {
 	var kvc *kvv1.KVCluster
 	var outagesBefore int // outages before the way back
@@ -322,6 +327,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 			return ctx
 		}).
 		Assess("with plaintext clients accepted, peers move to TLS and the client port accepts both", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
+			writerAsk(ctx, t, cfg, kvc, "report", "reset", "true") // the longest outage on the way to TLS
 			setTLS(ctx, t, cfg, &kvv1.TLSSpec{Mode: kvv1.TLSOperator, PlaintextClients: kvv1.PlaintextClientsAccept})
 			waitListening(ctx, t, cfg, kvc, "--listen-client-urls=https://0.0.0.0:2379,http://0.0.0.0:2379 --listen-peer-urls=https://0.0.0.0:2380")
 			if got := get(ctx, t, cfg, kvc); got.Status.ClientEndpoint != clientService(kvc, "https") {
@@ -367,8 +373,9 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 			t.Logf("writer: %s; failed writes:\n%s", rep, rep.failuresSince(time.Time{}))
 			// Three rolls (certificates, peers on TLS, plaintext refused), each handing leadership
 			// over once: the writes in flight at a handover may fail, in one outage.
-			if outagesBefore = rep.Outages; rep.Outages > 3 {
-				t.Errorf("writes failed in %d outages while the cluster moved to TLS (at most one per leader handover expected)", rep.Outages)
+			if outagesBefore = rep.Outages; rep.Outages > 3 || rep.LongestUnavailableMillis > maxHandoverOutage.Milliseconds() {
+				t.Errorf("writes failed in %d outages while the cluster moved to TLS, the longest %d ms (at most one per leader handover expected, each shorter than %s)",
+					rep.Outages, rep.LongestUnavailableMillis, maxHandoverOutage)
 				logMemberWarnings(ctx, t, cfg, kvc)
 			}
 			return ctx
@@ -379,6 +386,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 		}).
 		Assess("and back: plaintext accepted, the application moves to it, then TLS goes; no acknowledged write is lost", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			back := time.Now()
+			writerAsk(ctx, t, cfg, kvc, "report", "reset", "true") // the longest outage on the way back
 			setTLS(ctx, t, cfg, &kvv1.TLSSpec{Mode: kvv1.TLSOperator, PlaintextClients: kvv1.PlaintextClientsAccept})
 			waitListening(ctx, t, cfg, kvc, "--listen-client-urls=https://0.0.0.0:2379,http://0.0.0.0:2379 --listen-peer-urls=https://0.0.0.0:2380")
 			if _, err := writerGet(ctx, t, cfg, kvc, "switch", "endpoints", clientService(kvc, "http")); err != nil {
@@ -415,8 +423,9 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 			rep := stopWriter(ctx, t, cfg, kvc, "across the moves to TLS and back")
 			t.Logf("failed writes on the way back:\n%s", rep.failuresSince(back))
 			// Three more rolls (plaintext accepted, peers on plaintext, certificates gone).
-			if rep.Outages-outagesBefore > 3 {
-				t.Errorf("writes failed in %d outages while the cluster moved back to plaintext (at most one per leader handover expected)", rep.Outages-outagesBefore)
+			if rep.Outages-outagesBefore > 3 || rep.LongestUnavailableMillis > maxHandoverOutage.Milliseconds() {
+				t.Errorf("writes failed in %d outages while the cluster moved back to plaintext, the longest %d ms (at most one per leader handover expected, each shorter than %s)",
+					rep.Outages-outagesBefore, rep.LongestUnavailableMillis, maxHandoverOutage)
 				logMemberWarnings(ctx, t, cfg, kvc)
 			}
 			return ctx

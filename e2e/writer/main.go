@@ -369,8 +369,8 @@ func main() {
 			checker = &writer{cli: other, prefix: w.prefix}
 			w.stop()
 			w.mu.Lock()
-			checker.acked, checker.failed, checker.longest, checker.longestFrom, checker.lastSuccess, checker.lastErr, checker.failures =
-				w.acked, w.failed, w.longest, w.longestFrom, w.lastSuccess, w.lastErr, w.failures
+			checker.acked, checker.failed, checker.outages, checker.longest, checker.longestFrom, checker.lastSuccess, checker.lastErr, checker.failures =
+				w.acked, w.failed, w.outages, w.longest, w.longestFrom, w.lastSuccess, w.lastErr, w.failures
 			w.mu.Unlock()
 		}
 		rep, err := checker.check(r.Context())
