@@ -706,7 +706,7 @@ Fleet sizes: %s.
   (the default: what the shipped admission policy gives every new cluster) each one is a TLS
   handshake with the member's server certificate, from its Secret, the operator's client
   certificate checked against the cluster's CA; `+"`-tls Disabled`"+` runs plaintext clusters
-  (the tables' headings say which ran). Everything else the operator does goes through the API
+  (the first table's heading says which ran). Everything else the operator does goes through the API
   server as in production.
   The simulated members elect a leader at once, are always caught up and never refuse a
   membership change for being too recent: creation and upgrade times leave out etcd's own

@@ -61,7 +61,8 @@ type servedCertificate struct {
 
 // serverConfig is the TLS configuration of the member's client port, read as etcd reads it: the
 // files its flags name (--cert-file, --key-file, --trusted-ca-file), from the Secret its pod
-// mounts where they are. A Secret's version is parsed once.
+// mounts where they are. A Secret's version is parsed once: the operator gives every member of a
+// cluster the same flags with the same Secret, so the Secret alone keys what was parsed.
 func (s *Sim) serverConfig(ctx context.Context, t target, pod *corev1.Pod) (*tls.Config, error) {
 	files := etcdFlags(pod, "--cert-file=", "--key-file=", "--trusted-ca-file=")
 	if files[0] == "" || files[1] == "" {
