@@ -18,6 +18,7 @@ import (
 	"math/big"
 	"net"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -126,6 +127,17 @@ func ParseCA(certPEM, keyPEM []byte) (CA, error) {
 	return CA{Cert: cert, Key: key, CertPEM: certPEM, KeyPEM: keyPEM}, nil
 }
 
+// CheckCA is ParseCA's error alone, remembered for the bytes asked about.
+func CheckCA(certPEM, keyPEM []byte) error {
+	key := digest("ca", certPEM, keyPEM)
+	if err, ok := caChecked.get(key); ok {
+		return err
+	}
+	_, err := ParseCA(certPEM, keyPEM)
+	caChecked.put(key, err)
+	return err
+}
+
 // Leaf is an issued certificate and key, PEM-encoded.
 type Leaf struct{ CertPEM, KeyPEM []byte }
 
@@ -181,11 +193,16 @@ func (ca CA) Issue(usage Usage, names []string, now time.Time, validity time.Dur
 
 // Expiry returns NotBefore and NotAfter of the first certificate in certPEM.
 func Expiry(certPEM []byte) (notBefore, notAfter time.Time, err error) {
-	certs, err := certificates(certPEM)
-	if err != nil {
-		return time.Time{}, time.Time{}, err
+	key := digest("expiry", certPEM)
+	v, ok := expiries.get(key)
+	if !ok {
+		var certs []*x509.Certificate
+		if certs, v.err = certificates(certPEM); v.err == nil {
+			v.notBefore, v.notAfter = certs[0].NotBefore, certs[0].NotAfter
+		}
+		expiries.put(key, v)
 	}
-	return certs[0].NotBefore, certs[0].NotAfter, nil
+	return v.notBefore, v.notAfter, v.err
 }
 
 // RenewAt is when a certificate is renewed: two thirds into its lifetime, so a renewal failing for
@@ -203,32 +220,56 @@ func RenewAt(notBefore, notAfter time.Time) time.Time {
 // it covers every name in names. Its error names the first problem, in that order. Checks follow
 // what Go's TLS, and so etcd, accepts: a certificate without extended key usages is good for any.
 // Used to tell whether issued or user-given Secrets fit the cluster, so keys need not be ECDSA.
+//
+// The answer is remembered for the bytes asked about and given again at any time in which every
+// certificate read (leaf, intermediates, CAs) is valid: there, the time changes nothing.
 func Check(certPEM, keyPEM, caPEM []byte, usage Usage, names []string, now time.Time) error {
+	key := digest("check", certPEM, keyPEM, caPEM, []byte{byte(usage)}, []byte(strings.Join(names, "\x00")))
+	if v, ok := checked.get(key); ok && v.in.holds(now) {
+		return v.err
+	}
+	in, err := check(certPEM, keyPEM, caPEM, usage, names, now)
+	if in.holds(now) {
+		checked.put(key, verdict{err: err, in: in})
+	}
+	return err
+}
+
+// check is Check, also returning the window in which its answer holds: narrowed to each
+// certificate's validity as it is read, so an answer given early depends on no time.
+func check(certPEM, keyPEM, caPEM []byte, usage Usage, names []string, now time.Time) (window, error) {
+	var in window
 	extKeyUsages, err := usage.extKeyUsages()
 	if err != nil {
-		return err
+		return in, err
 	}
 	chain, err := certificates(certPEM)
 	if err != nil {
-		return fmt.Errorf("certificate: %w", err)
+		return in, fmt.Errorf("certificate: %w", err)
+	}
+	for _, c := range chain {
+		in = in.narrow(c.NotBefore, c.NotAfter)
 	}
 	leaf := chain[0]
 	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
-		return fmt.Errorf("key of certificate %q: %w", leaf.Subject.CommonName, err)
+		return in, fmt.Errorf("key of certificate %q: %w", leaf.Subject.CommonName, err)
 	}
 	authorities, err := certificates(caPEM)
 	if err != nil {
-		return fmt.Errorf("CA certificate: %w", err)
+		return in, fmt.Errorf("CA certificate: %w", err)
+	}
+	for _, c := range authorities {
+		in = in.narrow(c.NotBefore, c.NotAfter)
 	}
 	if now.Before(leaf.NotBefore) {
-		return fmt.Errorf("certificate %q is not valid before %s", leaf.Subject.CommonName, timestamp(leaf.NotBefore))
+		return in, fmt.Errorf("certificate %q is not valid before %s", leaf.Subject.CommonName, timestamp(leaf.NotBefore))
 	}
 	if now.After(leaf.NotAfter) {
-		return fmt.Errorf("certificate %q expired at %s", leaf.Subject.CommonName, timestamp(leaf.NotAfter))
+		return in, fmt.Errorf("certificate %q expired at %s", leaf.Subject.CommonName, timestamp(leaf.NotAfter))
 	}
 	for _, want := range extKeyUsages {
 		if !hasExtKeyUsage(leaf, want) {
-			return fmt.Errorf("certificate %q is not for %s use: it lacks %s", leaf.Subject.CommonName, usage.name(), extKeyUsageName(want))
+			return in, fmt.Errorf("certificate %q is not for %s use: it lacks %s", leaf.Subject.CommonName, usage.name(), extKeyUsageName(want))
 		}
 	}
 	options := x509.VerifyOptions{Roots: x509.NewCertPool(), Intermediates: x509.NewCertPool(), CurrentTime: now}
@@ -242,15 +283,15 @@ func Check(certPEM, keyPEM, caPEM []byte, usage Usage, names []string, now time.
 	for _, want := range extKeyUsages {
 		options.KeyUsages = []x509.ExtKeyUsage{want}
 		if _, err := leaf.Verify(options); err != nil {
-			return fmt.Errorf("certificate %q does not verify against the CA: %w", leaf.Subject.CommonName, err)
+			return in, fmt.Errorf("certificate %q does not verify against the CA: %w", leaf.Subject.CommonName, err)
 		}
 	}
 	for _, name := range names {
 		if err := leaf.VerifyHostname(name); err != nil {
-			return fmt.Errorf("certificate %q does not cover %q: %w", leaf.Subject.CommonName, name, err)
+			return in, fmt.Errorf("certificate %q does not cover %q: %w", leaf.Subject.CommonName, name, err)
 		}
 	}
-	return nil
+	return in, nil
 }
 
 // hasExtKeyUsage tells whether Go's certificate verification accepts cert for want.

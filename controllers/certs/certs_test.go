@@ -451,7 +451,75 @@ func TestCheck(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			err := Check(tt.leaf.CertPEM, tt.leaf.KeyPEM, tt.caPEM, tt.usage, tt.names, tt.at)
 			wantError(t, err, tt.wantErr)
+			// Asked again, the answer may come from memory: the same.
+			wantError(t, Check(tt.leaf.CertPEM, tt.leaf.KeyPEM, tt.caPEM, tt.usage, tt.names, tt.at), tt.wantErr)
 		})
+	}
+}
+
+// TestCheckAnswersForTheTimeAsked: the same bytes asked about at different times, in this order,
+// get each time's answer, though an answer is remembered (Check's memo).
+func TestCheckAnswersForTheTimeAsked(t *testing.T) {
+	ca := newCA(t, "kvcluster-ca", 10*year)
+	server := issue(t, ca, Server, "kv-0")
+	shortCA := newCA(t, "short-lived-ca", 12*time.Hour)         // expires at now+11h (backdated an hour)
+	outlivesItsCA := leafWithoutExtKeyUsage(t, shortCA, "kv-0") // valid until now+1d
+	asked := []struct {
+		name    string
+		leaf    Leaf
+		caPEM   []byte
+		at      time.Time
+		wantErr string
+	}{
+		{name: "valid", leaf: server, caPEM: ca.CertPEM, at: now},
+		{name: "then expired", leaf: server, caPEM: ca.CertPEM, at: now.Add(90*day + time.Second), wantErr: "expired at"},
+		{name: "then not yet valid", leaf: server, caPEM: ca.CertPEM, at: now.Add(-2 * time.Hour), wantErr: "not valid before"},
+		{name: "valid again", leaf: server, caPEM: ca.CertPEM, at: now.Add(time.Hour)},
+		{name: "leaf and CA valid", leaf: outlivesItsCA, caPEM: shortCA.CertPEM, at: now},
+		{name: "then the CA expired, the leaf still valid", leaf: outlivesItsCA, caPEM: shortCA.CertPEM, at: now.Add(12*time.Hour + time.Second), wantErr: "does not verify against the CA"},
+		{name: "leaf and CA valid again", leaf: outlivesItsCA, caPEM: shortCA.CertPEM, at: now.Add(time.Hour)},
+	}
+	for _, a := range asked {
+		t.Run(a.name, func(t *testing.T) {
+			wantError(t, Check(a.leaf.CertPEM, a.leaf.KeyPEM, a.caPEM, Server, []string{"kv-0"}, a.at), a.wantErr)
+		})
+	}
+}
+
+// TestMemoKeepsWhatIsStillAskedFor: past its limit the memo turns over; an answer asked for since
+// the last turnover stays, one not asked for in two turnovers goes, and no more than twice the
+// limit are held.
+func TestMemoKeepsWhatIsStillAskedFor(t *testing.T) {
+	m := memo[string]{limit: 2}
+	key := func(s string) [32]byte { return digest("test", []byte(s)) }
+	has := func(s string) bool { _, ok := m.get(key(s)); return ok }
+	m.put(key("a"), "a")
+	m.put(key("b"), "b")
+	m.put(key("c"), "c") // turnover: a and b older
+	if v, ok := m.get(key("a")); !ok || v != "a" {
+		t.Fatalf("a after one turnover: %q, %v; want it kept", v, ok)
+	}
+	m.put(key("d"), "d") // turnover: c and a older, b dropped
+	if has("b") {
+		t.Error("b, not asked for in two turnovers, is still held")
+	}
+	for _, s := range []string{"a", "c", "d"} {
+		if !has(s) {
+			t.Errorf("%s dropped, though asked for since the last turnover", s)
+		}
+	}
+	if held := len(m.newer) + len(m.older); held > 2*m.limit {
+		t.Errorf("%d answers held, want at most %d", held, 2*m.limit)
+	}
+}
+
+// TestDigestSeparatesInputs: inputs that concatenate alike are different questions.
+func TestDigestSeparatesInputs(t *testing.T) {
+	if digest("q", []byte("ab"), []byte("c")) == digest("q", []byte("a"), []byte("bc")) {
+		t.Error(`("ab", "c") and ("a", "bc") hash alike`)
+	}
+	if digest("expiry", []byte("x")) == digest("ca", []byte("x")) {
+		t.Error("two questions about the same bytes hash alike")
 	}
 }
 

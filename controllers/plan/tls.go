@@ -106,7 +106,7 @@ func planTLS(kvc *kvv1.KVCluster, obs Observation, now time.Time) TLS {
 	}
 	out := TLS{Token: kvc.Annotations[kvv1.AnnotationRotateCA]}
 	ca, hasCA := obs.TLS[specs.TLSCA]
-	_, caErr := certs.ParseCA(ca[corev1.TLSCertKey], ca[corev1.TLSPrivateKeyKey])
+	caErr := certs.CheckCA(ca[corev1.TLSCertKey], ca[corev1.TLSPrivateKeyKey])
 	switch {
 	case hasCA && caErr == nil:
 	case bootstrapped(kvc, obs) && obs.mayUseTLS():
