@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
@@ -66,6 +67,9 @@ type KVClusterReconciler struct {
 	leaders leaderTracker
 	// statusWrites are the versions its status writes made, until the cache shows them (load).
 	statusWrites statusWrites
+	// clientTLS is each cluster's client TLS configuration, kept with the sessions its members
+	// offered (membersClient).
+	clientTLS certs.ClientConfigs[types.NamespacedName]
 }
 
 // CacheOptions make the manager's cache hold only the objects the operator owns (labelled as
@@ -222,6 +226,7 @@ func (r *KVClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.load(ctx, req.NamespacedName, &kvc); apierrors.IsNotFound(err) {
 		r.leaders.forget(req.NamespacedName)
 		r.statusWrites.forget(req.NamespacedName)
+		r.clientTLS.Forget(req.NamespacedName)
 		if slices.Contains(r.Leaving, req.Namespace) {
 			return ctrl.Result{}, nil // its guard goes with the namespace
 		}

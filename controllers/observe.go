@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
-	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 	"github.com/kvcluster/kvcluster-operator/controllers/members"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
@@ -162,13 +161,16 @@ func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluste
 }
 
 // membersClient is the client that speaks to the cluster's members in scheme: over https with
-// the client certificate of its TLS Secrets (secrets, as observeTLS read them).
+// the client certificate of its TLS Secrets (secrets, as observeTLS read them), in the
+// configuration kept for the cluster while they stay the same, so connections resume sessions.
 func (r *KVClusterReconciler) membersClient(kvc *kvv1.KVCluster, scheme string, secrets map[string]map[string][]byte) (members.Client, error) {
+	cluster := types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}
 	if scheme != "https" {
+		r.clientTLS.Forget(cluster)
 		return r.Members, nil
 	}
 	c := secrets[specs.TLSClient]
-	config, err := certs.ClientConfig(c[specs.CACertKey], c[corev1.TLSCertKey], c[corev1.TLSPrivateKeyKey])
+	config, err := r.clientTLS.Of(cluster, c[specs.CACertKey], c[corev1.TLSCertKey], c[corev1.TLSPrivateKeyKey])
 	if err != nil {
 		return nil, fmt.Errorf("no usable client certificate in Secret %s yet: %w", specs.TLSSecretName(kvc, specs.TLSClient), err)
 	}

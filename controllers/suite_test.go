@@ -240,6 +240,8 @@ type fakeMembers struct {
 	// notNeeded are the endpoints the last reconcile said would not be asked again for notNeededFor.
 	notNeeded    []string
 	notNeededFor time.Duration
+	// presented is the client configuration the last WithTLS was given.
+	presented *tls.Config
 }
 
 func (f *fakeMembers) record(format string, args ...any) {
@@ -420,7 +422,22 @@ func (f *fakeMembers) set(c members.Cluster, err error) {
 }
 
 // WithTLS: the fake stands for every cluster, with or without TLS.
-func (f *fakeMembers) WithTLS(*tls.Config) members.Client { return withCertificate{f} }
+func (f *fakeMembers) WithTLS(config *tls.Config) members.Client {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.presented = config
+	return withCertificate{f}
+}
+
+// presentedCertificate is the certificate the last client configuration presents (DER).
+func (f *fakeMembers) presentedCertificate() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.presented == nil || len(f.presented.Certificates) == 0 {
+		return nil
+	}
+	return f.presented.Certificates[0].Certificate[0]
+}
 
 func (f *fakeMembers) Cluster(_ context.Context, endpoints []string, urlOf func(members.Member) (string, bool)) (members.Cluster, error) {
 	f.mu.Lock()

@@ -1,7 +1,9 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
+	"encoding/pem"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +66,10 @@ func TestATLSClusterGetsItsCertificates(t *testing.T) {
 	}
 	h.setMembersReady(kvc, 3)
 	h.reconcile(kvc)
+	firstClient := h.members.presentedCertificate()
+	if want := derOf(t, secret(specs.TLSClient).Data[corev1.TLSCertKey]); !bytes.Equal(firstClient, want) {
+		t.Error("the members were not asked presenting the client Secret's certificate")
+	}
 	if got := h.fresh(kvc); got.Status.Phase != kvv1.PhaseReady || !strings.HasPrefix(got.Status.ClientEndpoint, "https://") {
 		t.Fatalf("phase %s, endpoint %s; want Ready on https", got.Status.Phase, got.Status.ClientEndpoint)
 	}
@@ -106,6 +112,21 @@ func TestATLSClusterGetsItsCertificates(t *testing.T) {
 	if ev := drainEvents(h); !strings.Contains(ev, plan.EventCertificateIssued) {
 		t.Errorf("events = %q, want the new certificate announced", ev)
 	}
+	// The configuration kept for the cluster's connections (and the sessions they resume) is not
+	// the renewed certificate's: the members are asked presenting the renewed one.
+	if got, want := h.members.presentedCertificate(), derOf(t, secret(specs.TLSClient).Data[corev1.TLSCertKey]); bytes.Equal(got, firstClient) || !bytes.Equal(got, want) {
+		t.Errorf("after the renewal the members were asked presenting the certificate of before (%v), want the renewed one", bytes.Equal(got, firstClient))
+	}
+}
+
+// derOf is the first certificate of a PEM bundle, DER-encoded.
+func derOf(t *testing.T, certPEM []byte) []byte {
+	t.Helper()
+	block, _ := pem.Decode(certPEM)
+	if block == nil {
+		t.Fatal("no PEM block")
+	}
+	return block.Bytes
 }
 
 // TestTLSAdmissionAndYourSecrets: the TLS mode moves from plaintext to TLS and back, and mode

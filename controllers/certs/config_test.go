@@ -1,0 +1,116 @@
+package certs
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"testing"
+	"time"
+)
+
+// TestClientConfigsResumeSessions: a cluster's connections made again with its kept configuration
+// resume a session with the member (RequireAndVerifyClientCert, as etcd with --client-cert-auth);
+// new inputs make a new configuration, which resumes none of the old trust's sessions; bad inputs
+// say which part is wrong and keep nothing.
+func TestClientConfigsResumeSessions(t *testing.T) {
+	issued := time.Now() // Go's TLS checks certificates at the real time
+	ca, err := NewCA("kvcluster-ca", issued, year)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := func(usage Usage, name string) Leaf {
+		l, err := ca.Issue(usage, []string{name}, issued, 90*day)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	member, client, renewed := leaf(Server, "127.0.0.1"), leaf(Client, "operator"), leaf(Client, "operator")
+	serverCert, err := tls.X509KeyPair(member.CertPEM, member.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted := x509.NewCertPool()
+	trusted.AddCert(ca.Cert)
+	listener, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{serverCert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: trusted, MinVersion: tls.VersionTLS12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { listener.Close() })
+	go func() {
+		for {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				conn.Write([]byte("k")) // after the handshake and its session ticket
+				io.Copy(io.Discard, conn)
+			}()
+		}
+	}()
+	// connect makes one connection as the operator does, and reports whether it resumed a session.
+	connect := func(config *tls.Config) bool {
+		t.Helper()
+		conn, err := tls.Dial("tcp", listener.Addr().String(), config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil { // reading takes in the ticket
+			t.Fatal(err)
+		}
+		return conn.ConnectionState().DidResume
+	}
+
+	var configs ClientConfigs[string]
+	first, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, client.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if connect(first) {
+		t.Fatal("the first connection resumed a session")
+	}
+	again, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, client.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != first {
+		t.Error("the same inputs made a new configuration")
+	}
+	if !connect(again) {
+		t.Error("a connection made again with the kept configuration did not resume its session")
+	}
+	other, err := configs.Of("ns/other", ca.CertPEM, client.CertPEM, client.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other == first {
+		t.Error("another cluster was given this cluster's configuration")
+	}
+	next, err := configs.Of("ns/kv", ca.CertPEM, renewed.CertPEM, renewed.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next == first {
+		t.Fatal("a renewed certificate kept the configuration of the one before")
+	}
+	if connect(next) {
+		t.Error("the renewed certificate's first connection resumed a session of the one before")
+	}
+	configs.Forget("ns/kv")
+	if after, err := configs.Of("ns/kv", ca.CertPEM, renewed.CertPEM, renewed.KeyPEM); err != nil || after == next {
+		t.Errorf("after Forget: %p, %v; want a new configuration", after, err)
+	}
+	if _, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, renewed.KeyPEM); err == nil {
+		t.Error("a certificate with another's key was taken")
+	}
+	if _, err := configs.Of("ns/other", []byte("garbage"), client.CertPEM, client.KeyPEM); err == nil {
+		t.Error("a CA certificate of garbage was taken")
+	}
+	if n := configs.Len(); n != 0 {
+		t.Errorf("%d configurations kept after their owners' inputs failed, want 0", n)
+	}
+}
