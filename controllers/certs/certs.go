@@ -12,13 +12,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -134,6 +134,7 @@ func CheckCA(certPEM, keyPEM []byte) error {
 		return err
 	}
 	_, err := ParseCA(certPEM, keyPEM)
+	err = remembered(err)
 	caChecked.put(key, err)
 	return err
 }
@@ -200,6 +201,7 @@ func Expiry(certPEM []byte) (notBefore, notAfter time.Time, err error) {
 		if certs, v.err = certificates(certPEM); v.err == nil {
 			v.notBefore, v.notAfter = certs[0].NotBefore, certs[0].NotAfter
 		}
+		v.err = remembered(v.err)
 		expiries.put(key, v)
 	}
 	return v.notBefore, v.notAfter, v.err
@@ -222,13 +224,19 @@ func RenewAt(notBefore, notAfter time.Time) time.Time {
 // Used to tell whether issued or user-given Secrets fit the cluster, so keys need not be ECDSA.
 //
 // The answer is remembered for the bytes asked about and given again at any time in which every
-// certificate read (leaf, intermediates, CAs) is valid: there, the time changes nothing.
+// certificate read (leaf, intermediates, CAs) is valid: there, the time changes nothing. A CA
+// bundle holding an expired CA leaves no such time, and the answer is worked out at each ask.
 func Check(certPEM, keyPEM, caPEM []byte, usage Usage, names []string, now time.Time) error {
-	key := digest("check", certPEM, keyPEM, caPEM, []byte{byte(usage)}, []byte(strings.Join(names, "\x00")))
+	inputs := [][]byte{certPEM, keyPEM, caPEM, binary.BigEndian.AppendUint64(nil, uint64(usage))}
+	for _, name := range names {
+		inputs = append(inputs, []byte(name))
+	}
+	key := digest("check", inputs...)
 	if v, ok := checked.get(key); ok && v.in.holds(now) {
 		return v.err
 	}
 	in, err := check(certPEM, keyPEM, caPEM, usage, names, now)
+	err = remembered(err)
 	if in.holds(now) {
 		checked.put(key, verdict{err: err, in: in})
 	}

@@ -429,6 +429,8 @@ func TestCheck(t *testing.T) {
 		{name: "peer with a wildcard", leaf: peer, caPEM: ca.CertPEM, usage: Peer, names: []string{"kv-0.kv.ns.svc", "kv-2.kv.ns.svc"}, at: now},
 		{name: "peer as server", leaf: peer, caPEM: ca.CertPEM, usage: Server, names: []string{"kv-1.kv.ns.svc"}, at: now},
 		{name: "client without names", leaf: client, caPEM: ca.CertPEM, usage: Client, at: now},
+		{name: "server without names", leaf: server, caPEM: ca.CertPEM, usage: Server, at: now},
+		{name: "an empty name is not no name", leaf: server, caPEM: ca.CertPEM, usage: Server, names: []string{""}, at: now, wantErr: `does not cover ""`},
 		{name: "CA bundle during rotation", leaf: server, caPEM: append(slices.Clone(other.CertPEM), ca.CertPEM...), usage: Server, names: memberNames, at: now},
 		{name: "at the last second", leaf: server, caPEM: ca.CertPEM, usage: Server, at: now.Add(90 * day)},
 		{name: "no extended key usage is any", leaf: bare, caPEM: ca.CertPEM, usage: Peer, names: []string{"kv-0"}, at: now},

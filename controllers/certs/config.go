@@ -60,7 +60,9 @@ type ownedConfig struct {
 	config *tls.Config
 }
 
-// Of returns owner's ClientConfig for these inputs: the one it has if they are the same.
+// Of returns owner's ClientConfig for these inputs: the one it has if they are the same. One
+// owner's configuration is asked for by one caller at a time (a cluster is never reconciled twice
+// at once); were it asked for concurrently with new inputs, the last one made would be kept.
 func (c *ClientConfigs[K]) Of(owner K, caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
 	inputs := digest("client", caPEM, certPEM, keyPEM)
 	c.mu.Lock()
@@ -88,11 +90,4 @@ func (c *ClientConfigs[K]) Forget(owner K) {
 	c.mu.Lock()
 	delete(c.byOwner, owner)
 	c.mu.Unlock()
-}
-
-// Len is how many owners have a configuration kept.
-func (c *ClientConfigs[K]) Len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.byOwner)
 }

@@ -10,8 +10,8 @@ import (
 
 // TestClientConfigsResumeSessions: a cluster's connections made again with its kept configuration
 // resume a session with the member (RequireAndVerifyClientCert, as etcd with --client-cert-auth);
-// new inputs make a new configuration, which resumes none of the old trust's sessions; bad inputs
-// say which part is wrong and keep nothing.
+// new inputs (a renewed certificate, another CA bundle) make a new configuration, with sessions of
+// its own; bad inputs fail and keep nothing.
 func TestClientConfigsResumeSessions(t *testing.T) {
 	issued := time.Now() // Go's TLS checks certificates at the real time
 	ca, err := NewCA("kvcluster-ca", issued, year)
@@ -97,11 +97,19 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	if next == first {
 		t.Fatal("a renewed certificate kept the configuration of the one before")
 	}
-	if connect(next) {
-		t.Error("the renewed certificate's first connection resumed a session of the one before")
+	otherCA, err := NewCA("kvcluster-ca", issued, year) // a rotation: the same client certificate, another CA trusted
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := configs.Of("ns/kv", append(append([]byte{}, ca.CertPEM...), otherCA.CertPEM...), renewed.CertPEM, renewed.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rotated == next {
+		t.Error("a new CA bundle kept the configuration that trusts the old one only")
 	}
 	configs.Forget("ns/kv")
-	if after, err := configs.Of("ns/kv", ca.CertPEM, renewed.CertPEM, renewed.KeyPEM); err != nil || after == next {
+	if after, err := configs.Of("ns/kv", ca.CertPEM, renewed.CertPEM, renewed.KeyPEM); err != nil || after == next || after == rotated {
 		t.Errorf("after Forget: %p, %v; want a new configuration", after, err)
 	}
 	if _, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, renewed.KeyPEM); err == nil {
@@ -110,7 +118,7 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	if _, err := configs.Of("ns/other", []byte("garbage"), client.CertPEM, client.KeyPEM); err == nil {
 		t.Error("a CA certificate of garbage was taken")
 	}
-	if n := configs.Len(); n != 0 {
+	if n := len(configs.byOwner); n != 0 {
 		t.Errorf("%d configurations kept after their owners' inputs failed, want 0", n)
 	}
 }

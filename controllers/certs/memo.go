@@ -3,6 +3,7 @@ package certs
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"sync"
 	"time"
 )
@@ -13,9 +14,12 @@ import (
 // signatures, which made most of the operator's idle CPU with TLS; an answer depends only on the
 // bytes asked about (and, for Check, on the time), so it is remembered, keyed by a hash of them.
 
-// memoLimit bounds each memo's newer generation: a thousand clusters ask about 4,000 distinct
-// certificates; past the bound, answers not asked for since the last turnover are dropped.
-const memoLimit = 8192
+// memoLimit bounds each memo's newer generation. A cluster asks about four certificates (Expiry),
+// three fits (Check) and one CA at each look: answers are kept for fleets of up to several
+// thousand clusters; in a larger one, an answer is often dropped before it is asked for again, and
+// is worked out anew (what it cost before answers were kept). A memo holds answers only for what
+// was asked: a small fleet's stay small.
+const memoLimit = 32768
 
 // memo remembers answers in two generations: when the newer one is full it becomes the older, and
 // the older is dropped; an answer found in the older is carried into the newer. So what is still
@@ -96,6 +100,15 @@ type verdict struct {
 type validity struct {
 	notBefore, notAfter time.Time
 	err                 error
+}
+
+// remembered is err as kept in a memo: its message alone, so no parsed certificate (which x509's
+// errors carry) is held with it.
+func remembered(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errors.New(err.Error())
 }
 
 var (
