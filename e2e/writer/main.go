@@ -89,8 +89,14 @@ type writer struct {
 	// stop can wait for a write in flight: a report taken after stop is the writer's last word.
 	writing sync.Mutex
 
-	mu          sync.Mutex
-	cli         etcdClient
+	mu  sync.Mutex
+	cli etcdClient
+	record
+	stopped bool
+}
+
+// record is what the writes came to, which a report tells.
+type record struct {
 	acked       []string
 	failed      int
 	outages     int
@@ -100,7 +106,17 @@ type writer struct {
 	longestFrom time.Time
 	lastErr     string
 	failures    []Failure
-	stopped     bool
+}
+
+// handOver stops w and returns a stopped writer that asks cli and carries w's whole record: the
+// check of a cluster restored elsewhere (/stop?endpoints) reports the writes made before.
+func (w *writer) handOver(cli etcdClient) *writer {
+	w.stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	next := &writer{cli: cli, prefix: w.prefix, record: w.record, stopped: true}
+	next.acked, next.failures = slices.Clone(w.acked), slices.Clone(w.failures)
+	return next
 }
 
 func (w *writer) run(ctx context.Context, interval time.Duration) {
@@ -366,12 +382,7 @@ func main() {
 				return
 			}
 			defer func() { _ = other.Close() }()
-			checker = &writer{cli: other, prefix: w.prefix}
-			w.stop()
-			w.mu.Lock()
-			checker.acked, checker.failed, checker.outages, checker.longest, checker.longestFrom, checker.lastSuccess, checker.lastErr, checker.failures =
-				w.acked, w.failed, w.outages, w.longest, w.longestFrom, w.lastSuccess, w.lastErr, w.failures
-			w.mu.Unlock()
+			checker = w.handOver(other)
 		}
 		rep, err := checker.check(r.Context())
 		reply(rw, rep, err)
