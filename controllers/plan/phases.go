@@ -19,8 +19,10 @@ const (
 	pollWhileProgressing = 5 * time.Second
 	pollWhileHealthy     = time.Minute
 	pollWhileFailed      = 30 * time.Second
-	// A Creating cluster none of whose members' etcd runs yet: see creatingPoll.
-	pollWhileNothingRuns = 30 * time.Second
+	// A cluster that waits for a change the operator watches, such as a Creating one none of
+	// whose members' etcd runs yet (creatingPoll), or a rollout waiting for a member pod
+	// (rolloutPoll): the change wakes it.
+	pollWhileAwaitingEvent = 30 * time.Second
 )
 
 // verdict is what a phase function decided.
@@ -72,10 +74,29 @@ func creatingPoll(kvc *kvv1.KVCluster, obs Observation, now time.Time) time.Dura
 	if obs.Cluster != nil || obs.memberRuns() {
 		return pollWhileProgressing
 	}
-	if deadline, ok := progressDeadline(kvc); ok && deadline.Sub(now) < pollWhileNothingRuns {
+	return pollAwaitingEvent(kvc, now)
+}
+
+// rolloutPoll is when a cluster whose rollout is pending is looked at again: every 5 s while what
+// it waits for only etcd shows (a member healthy, caught up), which is polled; while it waits for a
+// member pod to come, go or turn Ready, or for the StatefulSet controller (Rollout.AwaitsEvent),
+// that change wakes it. Through a thousand clusters' upgrade on the fleet benchmark's simulated
+// control plane, where a member pod took minutes to come back, polls every 5 s made 59.7
+// reconciles per cluster and kept the operator's 32 workers busy.
+func rolloutPoll(kvc *kvv1.KVCluster, ro Rollout, now time.Time) time.Duration {
+	if !ro.AwaitsEvent {
+		return pollWhileProgressing
+	}
+	return pollAwaitingEvent(kvc, now)
+}
+
+// pollAwaitingEvent is the poll of a cluster an event it awaits will wake: rare, but never later
+// than just past its progress deadline.
+func pollAwaitingEvent(kvc *kvv1.KVCluster, now time.Time) time.Duration {
+	if deadline, ok := progressDeadline(kvc); ok && deadline.Sub(now) < pollWhileAwaitingEvent {
 		return max(deadline.Sub(now)+time.Second, time.Second) // just past it
 	}
-	return pollWhileNothingRuns
+	return pollWhileAwaitingEvent
 }
 
 // waitingForMembers is the reason and message of waiting for members that are not all there: the
@@ -94,7 +115,7 @@ func ready(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verd
 	case ro.Reason == ReasonUnknownMember: // not a change the operator makes: a person's to remove
 		return verdict{kvv1.PhaseReady, ReasonUnknownMember, ro.Message, pollWhileProgressing}
 	case ro.Pending && ro.Reason != ReasonMembershipUnknown:
-		return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, pollWhileProgressing}
+		return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, rolloutPoll(kvc, ro, now)}
 	}
 	if obs.healthy(kvc) {
 		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
@@ -133,7 +154,7 @@ func upgrading(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) 
 			what, kvc.Spec.ProgressDeadlineSeconds, ro.Message, obs.summary(kvc), kvc.Name, undo),
 			pollWhileFailed}
 	}
-	return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, pollWhileProgressing}
+	return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, rolloutPoll(kvc, ro, now)}
 }
 
 func orUnknown(s string) string {

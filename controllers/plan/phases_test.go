@@ -215,8 +215,8 @@ func TestCreatingLooksAgain(t *testing.T) {
 		obs         Observation
 		want        time.Duration
 	}{
-		{"no pod yet", time.Minute, Observation{EtcdErr: errors.New("no member pods exist yet")}, pollWhileNothingRuns},
-		{"pods made, no etcd runs", time.Minute, Observation{Pods: starting, EtcdErr: noQuorum}, pollWhileNothingRuns},
+		{"no pod yet", time.Minute, Observation{EtcdErr: errors.New("no member pods exist yet")}, pollWhileAwaitingEvent},
+		{"pods made, no etcd runs", time.Minute, Observation{Pods: starting, EtcdErr: noQuorum}, pollWhileAwaitingEvent},
 		{"no etcd runs, the deadline in 10s", 9*time.Minute + 50*time.Second, Observation{Pods: starting, EtcdErr: noQuorum}, 11 * time.Second},
 		{"no etcd runs, the deadline in 100ms", 10*time.Minute - 100*time.Millisecond, Observation{Pods: starting, EtcdErr: noQuorum}, 1100 * time.Millisecond},
 		{"a member's etcd runs", time.Minute, Observation{Pods: oneRuns, EtcdErr: noQuorum}, pollWhileProgressing},
@@ -228,6 +228,34 @@ func TestCreatingLooksAgain(t *testing.T) {
 			kvc := kvcIn(kvv1.PhaseCreating, tt.progressAgo)
 			if v := creating(kvc, tt.obs, Rollout{}, t0); v.phase != kvv1.PhaseCreating || v.requeueAfter != tt.want {
 				t.Errorf("%s, looks again after %s; want Creating, after %s", v.phase, v.requeueAfter, tt.want)
+			}
+		})
+	}
+}
+
+// A rollout that waits for a change the operator watches is polled rarely, yet never later than
+// its progress deadline; one that waits for what only etcd shows, often.
+func TestUpgradingLooksAgain(t *testing.T) {
+	podAwaited := Rollout{Pending: true, Action: ActWait, Reason: ReasonUpgrading, AwaitsEvent: true}
+	etcdAwaited := Rollout{Pending: true, Action: ActWait, Reason: ReasonUpgrading}
+	for _, tt := range []struct {
+		name        string
+		phase       kvv1.Phase
+		progressAgo time.Duration // of the 10-minute deadline
+		ro          Rollout
+		want        time.Duration
+	}{
+		{"a member pod awaited", kvv1.PhaseUpgrading, time.Minute, podAwaited, pollWhileAwaitingEvent},
+		{"a member pod awaited, the deadline in 10s", kvv1.PhaseUpgrading, 9*time.Minute + 50*time.Second, podAwaited, 11 * time.Second},
+		{"etcd awaited", kvv1.PhaseUpgrading, time.Minute, etcdAwaited, pollWhileProgressing},
+		{"a Ready cluster's rollout starts, a member pod awaited", kvv1.PhaseReady, time.Minute, podAwaited, pollWhileAwaitingEvent},
+		{"a Ready cluster's rollout starts, etcd awaited", kvv1.PhaseReady, time.Minute, etcdAwaited, pollWhileProgressing},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			kvc := kvcIn(tt.phase, tt.progressAgo)
+			obs := Observation{ReadyMembers: 3, Cluster: etcdOf(3, "3.7.3", nil)}
+			if v := phaseFuncs[tt.phase](kvc, obs, tt.ro, t0); v.phase != kvv1.PhaseUpgrading || v.requeueAfter != tt.want {
+				t.Errorf("%s, looks again after %s; want Upgrading, after %s", v.phase, v.requeueAfter, tt.want)
 			}
 		})
 	}

@@ -64,6 +64,10 @@ type Rollout struct {
 	Job     *batchv1ac.JobApplyConfiguration
 	Reason  string
 	Message string
+	// AwaitsEvent: the wait ends with a change the operator watches (a member pod made, gone or
+	// Ready; the StatefulSet controller seeing the template), which wakes the cluster at once, so
+	// it is polled meanwhile only to keep its progress deadline (rolloutPoll), not every 5 s.
+	AwaitsEvent bool
 }
 
 // lostData: the member's pod runs, not on the volume the member was last seen healthy on, but on
@@ -78,6 +82,23 @@ func lostData(kvc *kvv1.KVCluster, m members.Member, pod Pod, hasPod bool) bool 
 
 func wait(reason, format string, args ...any) Rollout {
 	return Rollout{Pending: true, Action: ActWait, Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// waitForEvent is a wait that a change the operator watches ends (Rollout.AwaitsEvent).
+func waitForEvent(reason, format string, args ...any) Rollout {
+	ro := wait(reason, format, args...)
+	ro.AwaitsEvent = true
+	return ro
+}
+
+// waitForPodOr is waitForEvent while the member pod at ordinal has yet to come, go or turn Ready
+// (its change wakes the cluster), and otherwise wait: then only etcd, which is polled, shows
+// what is awaited.
+func waitForPodOr(obs Observation, ordinal int, reason, format string, args ...any) Rollout {
+	if pod, ok := obs.Pods[ordinal]; !ok || pod.Terminating || !pod.Ready {
+		return waitForEvent(reason, format, args...)
+	}
+	return wait(reason, format, args...)
 }
 
 // planRollout decides the next step for a formed cluster, in this order: finish a joining
@@ -153,12 +174,14 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 				Message: fmt.Sprintf("learner %s came back on a new, empty volume (its data is lost); resetting that volume and removing it from etcd to add it back", name)}
 		case hasPod && pod.Terminating:
 			// Promoted now, a member whose volume goes with its pod would come back without its data.
-			return wait(ReasonScaling, "member %s is joining as a learner; waiting for its pod, being stopped, to come back before promoting it", name)
+			return waitForEvent(ReasonScaling, "member %s is joining as a learner; waiting for its pod, being stopped, to come back before promoting it", name)
 		case learner.Healthy && learner.Started():
 			return Rollout{Pending: true, Action: ActPromote, Ordinal: ord, MemberID: learner.ID, Reason: ReasonScaling,
 				Message: fmt.Sprintf("promoting learner %s to a voting member once it is in sync", name)}
 		case !hasPod && obs.missingReferences() != "":
 			return wait(ReasonPodsNotCreatable, "member %s is joining as a learner, but its pod cannot be created: %s", name, obs.missingReferences())
+		case !hasPod || !pod.Running: // its etcd starting is a pod change
+			return waitForEvent(ReasonScaling, "member %s is joining as a learner", name)
 		default:
 			return wait(ReasonScaling, "member %s is joining as a learner", name)
 		}
@@ -199,7 +222,7 @@ func planRollout(kvc *kvv1.KVCluster, obs Observation) Rollout {
 		if hasPod && pod.Terminating {
 			// etcd in a pod being stopped may still join as the learner, on the volume going
 			// with the pod (one just reset, say): wait for the pod the StatefulSet makes next.
-			return wait(reason, "member %s is missing; waiting for its old pod to stop before adding it (a pod whose node is gone stops only when deleted with --force)", specs.MemberName(kvc, ord))
+			return waitForEvent(reason, "member %s is missing; waiting for its old pod to stop before adding it (a pod whose node is gone stops only when deleted with --force)", specs.MemberName(kvc, ord))
 		}
 		if !allHealthy {
 			return wait(reason, "member %s is missing; waiting for every voting member to be healthy before adding it", specs.MemberName(kvc, ord))
@@ -246,11 +269,11 @@ func planRestarts(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	}
 	progress := rolloutProgress(kvc, obs.Cluster) + transportProgress(obs, templateTransport(kvc, obs))
 	if !obs.STSSettled {
-		return wait(ReasonUpgrading, "%s; waiting for the StatefulSet controller to see the new template", progress)
+		return waitForEvent(ReasonUpgrading, "%s; waiting for the StatefulSet controller to see the new template", progress)
 	}
 	if outdated == 0 {
 		if anyLagging {
-			return wait(ReasonUpgrading, "%s; waiting for member %s to be healthy on %s", progress, specs.MemberName(kvc, lagging), kvc.Spec.Version)
+			return waitForPodOr(obs, lagging, ReasonUpgrading, "%s; waiting for member %s to be healthy on %s", progress, specs.MemberName(kvc, lagging), kvc.Spec.Version)
 		}
 		return wait(ReasonUpgrading, "%s; waiting for the restarted members to report the new version", progress)
 	}
@@ -280,7 +303,7 @@ func planRestarts(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	// A member pod that is gone or going: the StatefulSet brings it back; nothing else moves meanwhile.
 	for _, ord := range ordinals {
 		if pod, ok := obs.Pods[ord]; !ok || pod.Terminating {
-			return wait(ReasonUpgrading, "%s; waiting for member %s to come back", progress, specs.MemberName(kvc, ord))
+			return waitForEvent(ReasonUpgrading, "%s; waiting for member %s to come back", progress, specs.MemberName(kvc, ord))
 		}
 	}
 	// Unhealthy members first: restarting one that is down costs no availability.
@@ -294,7 +317,7 @@ func planRestarts(kvc *kvv1.KVCluster, obs Observation, byOrdinal map[int]member
 	for _, ord := range ordinals {
 		m, pod := byOrdinal[ord], obs.Pods[ord]
 		if !m.Healthy || !pod.Ready {
-			return wait(ReasonUpgrading, "%s; waiting for member %s to be healthy", progress, specs.MemberName(kvc, ord))
+			return waitForPodOr(obs, ord, ReasonUpgrading, "%s; waiting for member %s to be healthy", progress, specs.MemberName(kvc, ord))
 		}
 		if !pod.Outdated && !caughtUp(m, leader) {
 			return wait(ReasonUpgrading, "%s; waiting for member %s to catch up with the leader (applied index %d of %d)",

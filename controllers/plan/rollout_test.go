@@ -92,7 +92,10 @@ func TestPlanRollout(t *testing.T) {
 		wantMember  string // the member acted on, or (for a wait) a word of the message
 		wantTo      uint64
 		wantReason  string // when set
-		check       func(t *testing.T, got Rollout)
+		// wantAwaitsEvent: a wait that a change the operator watches ends (a member pod's, the
+		// StatefulSet's), so it is not polled every 5 s; every other wait is.
+		wantAwaitsEvent bool
+		check           func(t *testing.T, got Rollout)
 	}{
 		{name: "a cluster matching its spec has nothing to do", s: formed(3, to), wantPending: false, wantAction: ActWait, wantMember: "", wantTo: 0},
 		{name: "a member that is down is not a rollout", s: formed(3, to).with(func(s *scenario) { s.member(1).Healthy = false }), wantPending: false, wantAction: ActWait, wantMember: "", wantTo: 0},
@@ -110,13 +113,13 @@ func TestPlanRollout(t *testing.T) {
 			s.obs.MissingPodReferences = []string{"ServiceAccount etcd-backups"}
 		}), wantPending: true, wantAction: ActWait, wantMember: "spec.pods names ServiceAccount etcd-backups, which does not exist", wantTo: 0, wantReason: ReasonPodsNotCreatable},
 		{name: "upgrade: wait while a restarted member's pod is gone", s: formed(3, from).upgradeTo(to).with(func(s *scenario) { delete(s.obs.Pods, 2) }),
-			wantPending: true, wantAction: ActWait, wantMember: "come back", wantTo: 0},
+			wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "come back", wantTo: 0},
 		{name: "upgrade: wait while a pod terminates (resume after an operator restart)", s: formed(3, from).upgradeTo(to).with(func(s *scenario) {
 			p := s.obs.Pods[2]
 			p.Terminating = true
 			s.obs.Pods[2] = p
 			s.member(2).Healthy = false
-		}), wantPending: true, wantAction: ActWait, wantMember: "come back", wantTo: 0},
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "come back", wantTo: 0},
 		{name: "upgrade: wait until the restarted member is healthy", s: formed(3, from).upgradeTo(to).restarted(2).with(func(s *scenario) { s.member(2).Healthy = false }),
 			wantPending: true, wantAction: ActWait, wantMember: "healthy", wantTo: 0},
 		{name: "upgrade: wait until the restarted member caught up", s: formed(3, from).upgradeTo(to).restarted(2).with(func(s *scenario) {
@@ -134,13 +137,23 @@ func TestPlanRollout(t *testing.T) {
 			p := s.obs.Pods[2]
 			p.Ready = false
 			s.obs.Pods[2] = p
-		}), wantPending: true, wantAction: ActWait, wantMember: "kv-2", wantTo: 0},
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "kv-2", wantTo: 0},
 		{name: "upgrade: a single member restarts (brief downtime is unavoidable)", s: formed(1, from).upgradeTo(to), wantPending: true, wantAction: ActRestartPod, wantMember: "kv-0", wantTo: 0},
 		{name: "upgrade: done when every member reports the version", s: formed(3, from).upgradeTo(to).restarted(0).restarted(1).restarted(2), wantPending: false, wantAction: ActWait, wantMember: "", wantTo: 0},
+		{name: "upgrade: every pod restarted, wait for one not Ready yet", s: formed(3, from).upgradeTo(to).restarted(0).restarted(1).restarted(2).with(func(s *scenario) {
+			s.kvc.Status.Phase = kvv1.PhaseUpgrading
+			p := s.obs.Pods[0]
+			p.Ready = false
+			s.obs.Pods[0] = p
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "kv-0 to be healthy on 3.7.3", wantTo: 0},
+		{name: "upgrade: every pod restarted and Ready, wait for etcd to call one healthy", s: formed(3, from).upgradeTo(to).restarted(0).restarted(1).restarted(2).with(func(s *scenario) {
+			s.kvc.Status.Phase = kvv1.PhaseUpgrading
+			s.member(0).Healthy = false
+		}), wantPending: true, wantAction: ActWait, wantMember: "kv-0 to be healthy on 3.7.3", wantTo: 0},
 		{name: "upgrade: wait for the StatefulSet controller to see the template", s: formed(3, from).with(func(s *scenario) {
 			s.kvc.Spec.Version = to
 			s.obs.STSSettled = false
-		}), wantPending: true, wantAction: ActWait, wantMember: "StatefulSet", wantTo: 0},
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "StatefulSet", wantTo: 0},
 		{name: "pre-upgrade backup first", s: formed(3, from).upgradeTo(to).with(withBackup), wantPending: true, wantAction: ActPreUpgradeBackup, wantMember: "", wantTo: 0},
 		{name: "pre-upgrade backup: an earlier upgrade's Job makes room first", s: formed(3, from).upgradeTo(to).with(withBackup).with(func(s *scenario) {
 			s.obs.PreUpgradeJob = preUpgradeJob(from, batchv1.JobComplete)
@@ -163,7 +176,7 @@ func TestPlanRollout(t *testing.T) {
 		{name: "scale up: wait for the learner to start", s: formed(3, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 5
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
-		}), wantPending: true, wantAction: ActWait, wantMember: "learner", wantTo: 0},
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "learner", wantTo: 0},
 		{name: "scale up: no member is added whose pod could not be created", s: formed(3, to).with(func(s *scenario) {
 			s.kvc.Spec.Partitions = 5
 			s.obs.MissingPodReferences = []string{"PriorityClass etcd-critical"}
@@ -186,7 +199,7 @@ func TestPlanRollout(t *testing.T) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
 			s.kvc.Spec.Partitions = 4
 			s.obs.Pods[3] = Pod{UID: "pod-kv-3", Restarts: 1, VolumeUID: "vol-new"}
-		}), wantPending: true, wantAction: ActWait, wantMember: "learner", wantTo: 0},
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "learner", wantTo: 0},
 		{name: "scale up: a learner whose etcd is running again is not reset", s: formed(3, to).with(func(s *scenario) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members, members.Member{ID: 9, Learner: true, PeerURLs: []string{"http://kv-3.kv-peer.ns.svc:2380"}})
 			s.kvc.Spec.Partitions = 4
@@ -228,13 +241,13 @@ func TestPlanRollout(t *testing.T) {
 		{name: "lost data: no learner is added while the pod of the reset volume stops (etcd there would join on it)", s: formed(3, to).with(func(s *scenario) {
 			s.obs.Cluster.Members = append(s.obs.Cluster.Members[:1], s.obs.Cluster.Members[2])
 			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Running: true, Terminating: true}
-		}), wantPending: true, wantAction: ActWait, wantMember: "old pod to stop", wantTo: 0, wantReason: ReasonReplacingMember},
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "old pod to stop", wantTo: 0, wantReason: ReasonReplacingMember},
 		{name: "lost data: a learner is not promoted while its pod is being stopped (its volume may go with it)", s: formed(3, to).with(func(s *scenario) {
 			s.member(1).Learner = true
 			p := s.obs.Pods[1]
 			p.Terminating = true
 			s.obs.Pods[1] = p
-		}), wantPending: true, wantAction: ActWait, wantMember: "being stopped", wantTo: 0, wantReason: ReasonScaling},
+		}), wantPending: true, wantAction: ActWait, wantAwaitsEvent: true, wantMember: "being stopped", wantTo: 0, wantReason: ReasonScaling},
 		{name: "lost data: a learner back on a new volume is removed, and that volume reset", s: formed(3, to).with(func(s *scenario) {
 			s.member(1).Learner, s.member(1).Healthy = true, false
 			s.obs.Pods[1] = Pod{UID: "pod-kv-1b", VolumeUID: "vol-new", Running: true, Restarts: 2}
@@ -256,6 +269,9 @@ func TestPlanRollout(t *testing.T) {
 			got := planRollout(tt.s.kvc, tt.s.obs)
 			if got.Pending != tt.wantPending || got.Action != tt.wantAction {
 				t.Fatalf("planRollout = pending %t action %d (%s); want pending %t action %d", got.Pending, got.Action, got.Message, tt.wantPending, tt.wantAction)
+			}
+			if got.AwaitsEvent != tt.wantAwaitsEvent {
+				t.Errorf("awaits a watched change: %t, want %t (%s)", got.AwaitsEvent, tt.wantAwaitsEvent, got.Message)
 			}
 			if got.Action == ActWait {
 				if !strings.Contains(got.Message, tt.wantMember) {
