@@ -315,6 +315,13 @@ func (o Observation) memberRuns() bool {
 	return false
 }
 
+// podAwaited: the member pod at ordinal has yet to come, go or turn Ready, each of which is a
+// change the operator watches.
+func (o Observation) podAwaited(ordinal int) bool {
+	pod, ok := o.Pods[ordinal]
+	return !ok || pod.Terminating || !pod.Ready
+}
+
 // Askable reports whether the member with the given ordinal is among AskableURLs.
 func (o Observation) Askable(ordinal int) bool {
 	p, ok := o.Pods[ordinal]

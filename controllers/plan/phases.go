@@ -91,10 +91,10 @@ func rolloutPoll(kvc *kvv1.KVCluster, ro Rollout, now time.Time) time.Duration {
 }
 
 // pollAwaitingEvent is the poll of a cluster an event it awaits will wake: rare, but never later
-// than just past its progress deadline.
+// than just past a progress deadline still to come.
 func pollAwaitingEvent(kvc *kvv1.KVCluster, now time.Time) time.Duration {
-	if deadline, ok := progressDeadline(kvc); ok && deadline.Sub(now) < pollWhileAwaitingEvent {
-		return max(deadline.Sub(now)+time.Second, time.Second) // just past it
+	if deadline, ok := progressDeadline(kvc); ok && !deadline.Before(now) && deadline.Sub(now) < pollWhileAwaitingEvent {
+		return deadline.Sub(now) + time.Second // just past it
 	}
 	return pollWhileAwaitingEvent
 }
@@ -130,7 +130,27 @@ func ready(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verd
 				"create a new KVCluster restored from the latest backup", kvc.Spec.ProgressDeadlineSeconds, summary),
 			pollWhileFailed}
 	}
-	return verdict{kvv1.PhaseReady, reason, summary, pollWhileProgressing}
+	return verdict{kvv1.PhaseReady, reason, summary, degradedPoll(kvc, obs, now)}
+}
+
+// degradedPoll is when a Ready cluster with members down is looked at again: every 5 s while etcd
+// may show the way back (a member whose pod is Ready yet etcd does not call it healthy, a quorum
+// lost while a member's etcd runs); while each member etcd does not call healthy waits for its
+// pod to come back, go or turn Ready (a node gone, a pod rescheduled), or no member's etcd runs,
+// those pods' changes wake it (pollAwaitingEvent).
+func degradedPoll(kvc *kvv1.KVCluster, obs Observation, now time.Time) time.Duration {
+	if obs.quorumLost() {
+		if obs.memberRuns() {
+			return pollWhileProgressing
+		}
+		return pollAwaitingEvent(kvc, now)
+	}
+	for _, m := range obs.Cluster.Members {
+		if ord, ok := MemberOrdinal(kvc, m); !ok || !m.Healthy && !obs.podAwaited(ord) {
+			return pollWhileProgressing
+		}
+	}
+	return pollAwaitingEvent(kvc, now)
 }
 
 // upgrading changes a running cluster one step per reconcile (see planRollout) until it matches

@@ -261,6 +261,42 @@ func TestUpgradingLooksAgain(t *testing.T) {
 	}
 }
 
+// A Ready cluster with members down is polled rarely while only its pods' changes (each of which
+// wakes it) can bring it back, yet never later than its progress deadline; often while etcd may.
+func TestReadyWithMembersDownLooksAgain(t *testing.T) {
+	noQuorum := errors.New("no quorum")
+	oneDown := etcdOf(3, "3.7.3", func(c *members.Cluster) { c.Members[1].Healthy = false })
+	pods := func(p1 *Pod) map[int]Pod {
+		out := map[int]Pod{0: {Ready: true, Running: true}, 2: {Ready: true, Running: true}}
+		if p1 != nil {
+			out[1] = *p1
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name        string
+		progressAgo time.Duration // of the 10-minute deadline
+		obs         Observation
+		want        time.Duration
+	}{
+		{"the down member's pod is gone", time.Hour, Observation{ReadyMembers: 2, Cluster: oneDown, Pods: pods(nil)}, pollWhileAwaitingEvent},
+		{"the down member's pod is stopping", time.Hour, Observation{ReadyMembers: 2, Cluster: oneDown, Pods: pods(&Pod{Running: true, Terminating: true})}, pollWhileAwaitingEvent},
+		{"the down member's pod runs, not Ready", time.Hour, Observation{ReadyMembers: 2, Cluster: oneDown, Pods: pods(&Pod{Running: true})}, pollWhileAwaitingEvent},
+		{"every member healthy, a pod not Ready", time.Hour, Observation{ReadyMembers: 2, Cluster: etcdOf(3, "3.7.3", nil), Pods: pods(&Pod{Running: true})}, pollWhileAwaitingEvent},
+		{"the down member's pod is Ready: etcd shows when it is back", time.Hour, Observation{ReadyMembers: 3, Cluster: oneDown, Pods: pods(&Pod{Ready: true, Running: true})}, pollWhileProgressing},
+		{"quorum lost, no member's etcd runs", time.Minute, Observation{EtcdErr: noQuorum, Pods: map[int]Pod{0: {}, 1: {}}}, pollWhileAwaitingEvent},
+		{"quorum lost, no member's etcd runs, the deadline in 10s", 9*time.Minute + 50*time.Second, Observation{EtcdErr: noQuorum, Pods: map[int]Pod{0: {}, 1: {}}}, 11 * time.Second},
+		{"quorum lost while a member's etcd runs", time.Minute, Observation{ReadyMembers: 1, EtcdErr: noQuorum, Pods: map[int]Pod{0: {Ready: true, Running: true}}}, pollWhileProgressing},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			kvc := kvcIn(kvv1.PhaseReady, tt.progressAgo)
+			if v := ready(kvc, tt.obs, Rollout{}, t0); v.phase != kvv1.PhaseReady || v.reason != ReasonMembersUnavailable || v.requeueAfter != tt.want {
+				t.Errorf("%s (%s), looks again after %s; want Ready (%s), after %s", v.phase, v.reason, v.requeueAfter, ReasonMembersUnavailable, tt.want)
+			}
+		})
+	}
+}
+
 // An idle reconcile must compute exactly the status it started from, or it would write every time.
 func TestDecideIsStableWhenNothingChanges(t *testing.T) {
 	for _, obs := range []Observation{

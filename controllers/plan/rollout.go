@@ -95,7 +95,7 @@ func waitForEvent(reason, format string, args ...any) Rollout {
 // (its change wakes the cluster), and otherwise wait: then only etcd, which is polled, shows
 // what is awaited.
 func waitForPodOr(obs Observation, ordinal int, reason, format string, args ...any) Rollout {
-	if pod, ok := obs.Pods[ordinal]; !ok || pod.Terminating || !pod.Ready {
+	if obs.podAwaited(ordinal) {
 		return waitForEvent(reason, format, args...)
 	}
 	return wait(reason, format, args...)

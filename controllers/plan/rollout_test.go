@@ -18,7 +18,7 @@ import (
 )
 
 // scenario builds a formed cluster: n members kv-0..kv-(n-1) on version, kv-0 leading, every pod
-// ready on the current template, every member caught up.
+// running and ready on the current template, every member caught up.
 type scenario struct {
 	kvc *kvv1.KVCluster
 	obs Observation
@@ -33,7 +33,7 @@ func formed(n int, version string) *scenario {
 	pods := map[int]Pod{}
 	for i := range n {
 		name := fmt.Sprintf("kv-%d", i)
-		pods[i] = Pod{UID: types.UID("pod-" + name), Ready: true, VolumeUID: types.UID("vol-" + name)}
+		pods[i] = Pod{UID: types.UID("pod-" + name), Ready: true, Running: true, VolumeUID: types.UID("vol-" + name)}
 		kvc.Status.Members = append(kvc.Status.Members, kvv1.MemberStatus{Name: name, ID: fmt.Sprintf("%x", c.Members[i].ID), VolumeUID: "vol-" + name})
 	}
 	return &scenario{kvc: kvc, obs: Observation{Cluster: &c, Pods: pods, STSSettled: true, ReadyMembers: int32(n)}}
