@@ -74,7 +74,7 @@ func creatingPoll(kvc *kvv1.KVCluster, obs Observation, now time.Time) time.Dura
 	if obs.Cluster != nil || obs.memberRuns() {
 		return pollWhileProgressing
 	}
-	return pollAwaitingEvent(kvc, now)
+	return pollAwaitingEvent(kvc, obs, now)
 }
 
 // rolloutPoll is when a cluster whose rollout is pending is looked at again: every 5 s while what
@@ -83,16 +83,21 @@ func creatingPoll(kvc *kvv1.KVCluster, obs Observation, now time.Time) time.Dura
 // that change wakes it. Through a thousand clusters' upgrade on the fleet benchmark's simulated
 // control plane, where a member pod took minutes to come back, polls every 5 s made 59.7
 // reconciles per cluster and kept the operator's 32 workers busy.
-func rolloutPoll(kvc *kvv1.KVCluster, ro Rollout, now time.Time) time.Duration {
+func rolloutPoll(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) time.Duration {
 	if !ro.AwaitsEvent {
 		return pollWhileProgressing
 	}
-	return pollAwaitingEvent(kvc, now)
+	return pollAwaitingEvent(kvc, obs, now)
 }
 
 // pollAwaitingEvent is the poll of a cluster an event it awaits will wake: rare, but never later
-// than just past a progress deadline still to come.
-func pollAwaitingEvent(kvc *kvv1.KVCluster, now time.Time) time.Duration {
+// than just past a progress deadline still to come. While a claim of the cluster is being deleted
+// (a member's volume reset), every 5 s: no watch shows the claim gone, and a member pod the
+// StatefulSet controller could not make meanwhile waits for the operator to notice (awaitedPods).
+func pollAwaitingEvent(kvc *kvv1.KVCluster, obs Observation, now time.Time) time.Duration {
+	if len(obs.ClaimsBeingDeleted) > 0 {
+		return pollWhileProgressing
+	}
 	if deadline, ok := progressDeadline(kvc); ok && !deadline.Before(now) && deadline.Sub(now) < pollWhileAwaitingEvent {
 		return deadline.Sub(now) + time.Second // just past it
 	}
@@ -115,7 +120,7 @@ func ready(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) verd
 	case ro.Reason == ReasonUnknownMember: // not a change the operator makes: a person's to remove
 		return verdict{kvv1.PhaseReady, ReasonUnknownMember, ro.Message, pollWhileProgressing}
 	case ro.Pending && ro.Reason != ReasonMembershipUnknown:
-		return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, rolloutPoll(kvc, ro, now)}
+		return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, rolloutPoll(kvc, obs, ro, now)}
 	}
 	if obs.healthy(kvc) {
 		return verdict{kvv1.PhaseReady, ReasonClusterReady, obs.summary(kvc) + "; etcd is healthy", pollWhileHealthy}
@@ -143,14 +148,14 @@ func degradedPoll(kvc *kvv1.KVCluster, obs Observation, now time.Time) time.Dura
 		if obs.memberRuns() {
 			return pollWhileProgressing
 		}
-		return pollAwaitingEvent(kvc, now)
+		return pollAwaitingEvent(kvc, obs, now)
 	}
 	for _, m := range obs.Cluster.Members {
 		if ord, ok := MemberOrdinal(kvc, m); !ok || !m.Healthy && !obs.podAwaited(ord) {
 			return pollWhileProgressing
 		}
 	}
-	return pollAwaitingEvent(kvc, now)
+	return pollAwaitingEvent(kvc, obs, now)
 }
 
 // upgrading changes a running cluster one step per reconcile (see planRollout) until it matches
@@ -174,7 +179,7 @@ func upgrading(kvc *kvv1.KVCluster, obs Observation, ro Rollout, now time.Time) 
 			what, kvc.Spec.ProgressDeadlineSeconds, ro.Message, obs.summary(kvc), kvc.Name, undo),
 			pollWhileFailed}
 	}
-	return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, rolloutPoll(kvc, ro, now)}
+	return verdict{kvv1.PhaseUpgrading, ro.Reason, ro.Message, rolloutPoll(kvc, obs, ro, now)}
 }
 
 func orUnknown(s string) string {

@@ -220,6 +220,7 @@ func TestCreatingLooksAgain(t *testing.T) {
 		{"no etcd runs, the deadline in 10s", 9*time.Minute + 50*time.Second, Observation{Pods: starting, EtcdErr: noQuorum}, 11 * time.Second},
 		{"no etcd runs, the deadline in 100ms", 10*time.Minute - 100*time.Millisecond, Observation{Pods: starting, EtcdErr: noQuorum}, 1100 * time.Millisecond},
 		{"a member's etcd runs", time.Minute, Observation{Pods: oneRuns, EtcdErr: noQuorum}, pollWhileProgressing},
+		{"no etcd runs, a member's claim is being deleted", time.Minute, Observation{Pods: starting, EtcdErr: noQuorum, ClaimsBeingDeleted: []int{2}}, pollWhileProgressing},
 		{"etcd answers before a pod is seen running", time.Minute, Observation{Pods: starting, Cluster: etcdOf(3, "3.7.3", func(c *members.Cluster) {
 			c.Members[1].Healthy = false
 		})}, pollWhileProgressing},
@@ -239,21 +240,23 @@ func TestUpgradingLooksAgain(t *testing.T) {
 	podAwaited := Rollout{Pending: true, Action: ActWait, Reason: ReasonUpgrading, AwaitsEvent: true}
 	etcdAwaited := Rollout{Pending: true, Action: ActWait, Reason: ReasonUpgrading}
 	for _, tt := range []struct {
-		name        string
-		phase       kvv1.Phase
-		progressAgo time.Duration // of the 10-minute deadline
-		ro          Rollout
-		want        time.Duration
+		name               string
+		phase              kvv1.Phase
+		progressAgo        time.Duration // of the 10-minute deadline
+		ro                 Rollout
+		claimsBeingDeleted []int
+		want               time.Duration
 	}{
-		{"a member pod awaited", kvv1.PhaseUpgrading, time.Minute, podAwaited, pollWhileAwaitingEvent},
-		{"a member pod awaited, the deadline in 10s", kvv1.PhaseUpgrading, 9*time.Minute + 50*time.Second, podAwaited, 11 * time.Second},
-		{"etcd awaited", kvv1.PhaseUpgrading, time.Minute, etcdAwaited, pollWhileProgressing},
-		{"a Ready cluster's rollout starts, a member pod awaited", kvv1.PhaseReady, time.Minute, podAwaited, pollWhileAwaitingEvent},
-		{"a Ready cluster's rollout starts, etcd awaited", kvv1.PhaseReady, time.Minute, etcdAwaited, pollWhileProgressing},
+		{"a member pod awaited", kvv1.PhaseUpgrading, time.Minute, podAwaited, nil, pollWhileAwaitingEvent},
+		{"a member pod awaited, the deadline in 10s", kvv1.PhaseUpgrading, 9*time.Minute + 50*time.Second, podAwaited, nil, 11 * time.Second},
+		{"a member pod awaited while a claim is being deleted", kvv1.PhaseUpgrading, time.Minute, podAwaited, []int{2}, pollWhileProgressing},
+		{"etcd awaited", kvv1.PhaseUpgrading, time.Minute, etcdAwaited, nil, pollWhileProgressing},
+		{"a Ready cluster's rollout starts, a member pod awaited", kvv1.PhaseReady, time.Minute, podAwaited, nil, pollWhileAwaitingEvent},
+		{"a Ready cluster's rollout starts, etcd awaited", kvv1.PhaseReady, time.Minute, etcdAwaited, nil, pollWhileProgressing},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			kvc := kvcIn(tt.phase, tt.progressAgo)
-			obs := Observation{ReadyMembers: 3, Cluster: etcdOf(3, "3.7.3", nil)}
+			obs := Observation{ReadyMembers: 3, Cluster: etcdOf(3, "3.7.3", nil), ClaimsBeingDeleted: tt.claimsBeingDeleted}
 			if v := phaseFuncs[tt.phase](kvc, obs, tt.ro, t0); v.phase != kvv1.PhaseUpgrading || v.requeueAfter != tt.want {
 				t.Errorf("%s, looks again after %s; want Upgrading, after %s", v.phase, v.requeueAfter, tt.want)
 			}
@@ -280,6 +283,7 @@ func TestReadyWithMembersDownLooksAgain(t *testing.T) {
 		want        time.Duration
 	}{
 		{"the down member's pod is gone", time.Hour, Observation{ReadyMembers: 2, Cluster: oneDown, Pods: pods(nil)}, pollWhileAwaitingEvent},
+		{"the down member's pod is gone and its claim being deleted", time.Hour, Observation{ReadyMembers: 2, Cluster: oneDown, Pods: pods(nil), ClaimsBeingDeleted: []int{1}}, pollWhileProgressing},
 		{"the down member's pod is stopping", time.Hour, Observation{ReadyMembers: 2, Cluster: oneDown, Pods: pods(&Pod{Running: true, Terminating: true})}, pollWhileAwaitingEvent},
 		{"the down member's pod runs, not Ready", time.Hour, Observation{ReadyMembers: 2, Cluster: oneDown, Pods: pods(&Pod{Running: true})}, pollWhileAwaitingEvent},
 		{"every member healthy, a pod not Ready", time.Hour, Observation{ReadyMembers: 2, Cluster: etcdOf(3, "3.7.3", nil), Pods: pods(&Pod{Running: true})}, pollWhileAwaitingEvent},
