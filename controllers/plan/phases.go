@@ -19,9 +19,9 @@ const (
 	pollWhileProgressing = 5 * time.Second
 	pollWhileHealthy     = time.Minute
 	pollWhileFailed      = 30 * time.Second
-	// A cluster that waits for a change the operator watches, such as a Creating one none of
-	// whose members' etcd runs yet (creatingPoll), or a rollout waiting for a member pod
-	// (rolloutPoll): the change wakes it.
+	// A cluster that waits for a change the operator watches, which wakes it: a Creating one none
+	// of whose members' etcd runs yet (creatingPoll), a rollout waiting for a member pod
+	// (rolloutPoll), a Ready one whose down members wait for theirs (degradedPoll).
 	pollWhileAwaitingEvent = 30 * time.Second
 )
 
