@@ -64,8 +64,8 @@ type Rollout struct {
 	Job     *batchv1ac.JobApplyConfiguration
 	Reason  string
 	Message string
-	// AwaitsEvent: the wait ends with a change the operator watches (a member pod made, gone or
-	// Ready; the StatefulSet controller seeing the template), which wakes the cluster at once, so
+	// AwaitsEvent: the wait ends with a change the operator watches (a member pod made, gone,
+	// started or Ready; the StatefulSet controller seeing the template), which wakes the cluster at once, so
 	// it is polled meanwhile only to keep its progress deadline (rolloutPoll), not every 5 s.
 	AwaitsEvent bool
 }
