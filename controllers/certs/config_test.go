@@ -3,7 +3,10 @@ package certs
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -70,6 +73,9 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if first.Certificates[0].Leaf != nil {
+		t.Error("the configuration keeps the parsed client certificate, which no resumed session reads (BenchmarkAKeptClientConfig)")
+	}
 	if connect(first) {
 		t.Fatal("the first connection resumed a session")
 	}
@@ -121,4 +127,102 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	if n := len(configs.byOwner); n != 0 {
 		t.Errorf("%d configurations kept after their owners' inputs failed, want 0", n)
 	}
+}
+
+// BenchmarkAKeptClientConfig reports the heap a cluster's kept client configuration holds once it
+// has connected to a member and kept the session offered (what the operator keeps per cluster
+// between looks, for one member): each cluster has a CA and a member certificate of its own; the
+// member asks for the client's certificate (RequireAndVerifyClientCert, as etcd with
+// --client-cert-auth), here all issued by one CA the member trusts.
+//
+//	go test -run '^$' -bench AKeptClientConfig ./controllers/certs/
+func BenchmarkAKeptClientConfig(b *testing.B) {
+	issued := time.Now()
+	clientCA, err := NewCA("clients", issued, year)
+	if err != nil {
+		b.Fatal(err)
+	}
+	client, err := clientCA.Issue(Client, []string{"operator"}, issued, 90*day)
+	if err != nil {
+		b.Fatal(err)
+	}
+	trusted := x509.NewCertPool()
+	trusted.AddCert(clientCA.Cert)
+	var mu sync.Mutex
+	members := map[string]*tls.Certificate{} // by server name
+	// One listener stands for every cluster's member: it presents the certificate of the one asked
+	// for.
+	listener, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: trusted,
+		MinVersion: tls.VersionTLS12, GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if cert, ok := members[hello.ServerName]; ok {
+				return cert, nil
+			}
+			return nil, fmt.Errorf("no member %q", hello.ServerName)
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { listener.Close() })
+	go func() {
+		for {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				conn.Write([]byte("k")) // after the handshake and its session ticket
+				io.Copy(io.Discard, conn)
+			}()
+		}
+	}()
+	var configs ClientConfigs[int]
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	n := 0
+	for b.Loop() {
+		ca, err := NewCA("kvcluster-ca", issued, year)
+		if err != nil {
+			b.Fatal(err)
+		}
+		name := fmt.Sprintf("member-%d", n)
+		member, err := ca.Issue(Server, []string{name}, issued, 90*day)
+		if err != nil {
+			b.Fatal(err)
+		}
+		memberCert, err := tls.X509KeyPair(member.CertPEM, member.KeyPEM)
+		if err != nil {
+			b.Fatal(err)
+		}
+		memberCert.Leaf = nil // the member's heap is not measured
+		mu.Lock()
+		members[name] = &memberCert
+		mu.Unlock()
+
+		config, err := configs.Of(n, ca.CertPEM, client.CertPEM, client.KeyPEM)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dial := config.Clone() // as gRPC does, naming the member; the sessions are config's
+		dial.ServerName = name
+		conn, err := tls.Dial("tcp", listener.Addr().String(), dial)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil { // reading takes in the ticket
+			b.Fatal(err)
+		}
+		conn.Close()
+		n++
+	}
+	mu.Lock()
+	members = nil // nor is the member's
+	mu.Unlock()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(&configs) // what is measured is what it keeps
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heap-B/config")
 }
