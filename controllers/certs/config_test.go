@@ -35,29 +35,12 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	}
 	trusted := x509.NewCertPool()
 	trusted.AddCert(ca.Cert)
-	listener, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{serverCert},
+	addr := serveMembers(t, &tls.Config{Certificates: []tls.Certificate{serverCert},
 		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: trusted, MinVersion: tls.VersionTLS12})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { listener.Close() })
-	go func() {
-		for {
-			conn, err := listener.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				conn.Write([]byte("k")) // after the handshake and its session ticket
-				io.Copy(io.Discard, conn)
-			}()
-		}
-	}()
 	// connect makes one connection as the operator does, and reports whether it resumed a session.
 	connect := func(config *tls.Config) bool {
 		t.Helper()
-		conn, err := tls.Dial("tcp", listener.Addr().String(), config)
+		conn, err := tls.Dial("tcp", addr, config)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +135,7 @@ func BenchmarkAKeptClientConfig(b *testing.B) {
 	members := map[string]*tls.Certificate{} // by server name
 	// One listener stands for every cluster's member: it presents the certificate of the one asked
 	// for.
-	listener, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: trusted,
+	addr := serveMembers(b, &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: trusted,
 		MinVersion: tls.VersionTLS12, GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -161,23 +144,6 @@ func BenchmarkAKeptClientConfig(b *testing.B) {
 			}
 			return nil, fmt.Errorf("no member %q", hello.ServerName)
 		}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { listener.Close() })
-	go func() {
-		for {
-			conn, err := listener.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				conn.Write([]byte("k")) // after the handshake and its session ticket
-				io.Copy(io.Discard, conn)
-			}()
-		}
-	}()
 	var configs ClientConfigs[int]
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -208,7 +174,7 @@ func BenchmarkAKeptClientConfig(b *testing.B) {
 		}
 		dial := config.Clone() // as gRPC does, naming the member; the sessions are config's
 		dial.ServerName = name
-		conn, err := tls.Dial("tcp", listener.Addr().String(), dial)
+		conn, err := tls.Dial("tcp", addr, dial)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -225,4 +191,28 @@ func BenchmarkAKeptClientConfig(b *testing.B) {
 	runtime.ReadMemStats(&after)
 	runtime.KeepAlive(&configs) // what is measured is what it keeps
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heap-B/config")
+}
+
+// serveMembers listens on loopback as members do with config, sending a byte after each handshake
+// (and so after its session ticket) until the test ends, and returns its address.
+func serveMembers(tb testing.TB, config *tls.Config) string {
+	listener, err := tls.Listen("tcp", "127.0.0.1:0", config)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { listener.Close() })
+	go func() {
+		for {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				conn.Write([]byte("k"))
+				io.Copy(io.Discard, conn)
+			}()
+		}
+	}()
+	return listener.Addr().String()
 }
