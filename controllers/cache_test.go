@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/certs"
 	"github.com/kvcluster/kvcluster-operator/controllers/plan"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -346,6 +347,16 @@ func benchmarkHeldHeap[T any, PT interface {
 		}
 		variants[i] = bytes.ReplaceAll(own, []byte(`-uid"`), fmt.Appendf(nil, `-uid-%d"`, cluster))
 	}
+	benchmarkHeld[T, PT](b, variants, 1, unit)
+}
+
+// benchmarkHeld measures the heap the objects encoded in variants hold, perUnit of them a unit:
+// whole as decoded, and as the cache keeps them (its transform for the kind, with what it
+// shares), in heap-B/<unit>; and their JSON's size, in json-B/<unit>.
+func benchmarkHeld[T any, PT interface {
+	*T
+	client.Object
+}](b *testing.B, variants [][]byte, perUnit int, unit string) {
 	transform := cacheTransform(PT(new(T)))
 	for _, form := range []struct {
 		name   string
@@ -354,7 +365,7 @@ func benchmarkHeldHeap[T any, PT interface {
 		b.Run(form.name, func(b *testing.B) {
 			var perObject float64
 			for b.Loop() {
-				held := make([]any, objects)
+				held := make([]any, len(variants))
 				resetShared() // what the objects share is held for them: measured from none
 				var before, after runtime.MemStats
 				runtime.GC()
@@ -368,13 +379,66 @@ func benchmarkHeldHeap[T any, PT interface {
 				}
 				runtime.GC()
 				runtime.ReadMemStats(&after)
-				perObject = float64(after.HeapAlloc-before.HeapAlloc) / objects
+				perObject = float64(after.HeapAlloc-before.HeapAlloc) / float64(len(variants))
 				runtime.KeepAlive(held)
 			}
-			b.ReportMetric(perObject, "heap-B/"+unit)
-			b.ReportMetric(float64(len(data)), "json-B/"+unit)
+			b.ReportMetric(perObject*float64(perUnit), "heap-B/"+unit)
+			b.ReportMetric(float64(len(slices.Concat(variants...))*perUnit)/float64(len(variants)), "json-B/"+unit)
 		})
 	}
+}
+
+// BenchmarkCachedClusterSecrets: the heap a TLS cluster's four Secrets (its CA's, the members'
+// server and peer certificates, the operator's client certificate) hold in the cache, as the
+// operator issues them, each cluster with a CA of its own.
+func BenchmarkCachedClusterSecrets(b *testing.B) {
+	const clusters = 250
+	var variants [][]byte
+	for i := range clusters {
+		for _, secret := range clusterTLSSecrets(b, fmt.Sprintf("kv%d", i)) {
+			data, err := json.Marshal(secret)
+			if err != nil {
+				b.Fatal(err)
+			}
+			variants = append(variants, data)
+		}
+	}
+	benchmarkHeld[corev1.Secret](b, variants, 4, "cluster")
+}
+
+// clusterTLSSecrets are the TLS Secrets of cluster name as the operator issues them (applyTLS):
+// the CA's, then the server's, the peer's and the client's.
+func clusterTLSSecrets(tb testing.TB, name string) []*corev1.Secret {
+	tb.Helper()
+	kvc := newKVCluster("ns", name, 3)
+	kvc.UID = types.UID(name + "-uid")
+	now := time.Now()
+	ca, err := certs.NewCA("kvcluster-ca."+name+".ns", now, plan.CAValidity)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	secret := func(part string, data map[string][]byte) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: specs.TLSSecretName(kvc, part), Namespace: "ns", UID: types.UID(name + "-" + part),
+			Labels: specs.Labels(kvc), OwnerReferences: []metav1.OwnerReference{{APIVersion: "kvcluster.io/v1alpha1", Kind: "KVCluster", Name: name,
+				UID: kvc.UID, Controller: new(true), BlockOwnerDeletion: new(true)}}},
+			Type: corev1.SecretTypeTLS, Data: data}
+	}
+	secrets := []*corev1.Secret{secret(specs.TLSCA, map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM,
+		specs.CACertKey: ca.CertPEM, specs.RotatedForKey: []byte("token")})}
+	for _, part := range []struct {
+		name  string
+		usage certs.Usage
+		names []string
+	}{{specs.TLSServer, certs.Server, specs.ServerNames(kvc)}, {specs.TLSPeer, certs.Peer, specs.PeerNames(kvc)},
+		{specs.TLSClient, certs.Client, []string{specs.ClientCommonName(kvc)}}} {
+		leaf, err := ca.Issue(part.usage, part.names, now, plan.LeafValidity)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		secrets = append(secrets, secret(part.name, map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM,
+			specs.CACertKey: ca.CertPEM}))
+	}
+	return secrets
 }
 
 // cacheTransform is the transform of CacheOptions for objects of obj's kind.
@@ -486,6 +550,95 @@ func TestSharingMetadata(t *testing.T) {
 	}
 }
 
+// TestSharingCAs: a cluster's cached TLS Secrets hold what was decoded, but one copy of its CA's
+// certificate (each Secret's ca.crt, and the CA's own tls.crt); nothing else is shared, and the
+// table holds no key. Another cluster's CA is another copy; past its bound the table starts
+// afresh.
+func TestSharingCAs(t *testing.T) {
+	table := newCertificateTable()                          // the cache's is shared with this package's other tests
+	decoded := func(secret *corev1.Secret) *corev1.Secret { // its own copies, as decoding gives them
+		data, err := json.Marshal(secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var copied corev1.Secret
+		if err := json.Unmarshal(data, &copied); err != nil {
+			t.Fatal(err)
+		}
+		return &copied
+	}
+	share := func(secret *corev1.Secret) *corev1.Secret {
+		t.Helper()
+		before := secret.DeepCopy()
+		table.share(secret)
+		if !equality.Semantic.DeepEqual(secret, before) {
+			t.Fatalf("%s changed: %+v, want %+v", secret.Name, secret, before)
+		}
+		again := secret.DeepCopy()
+		if table.share(again); !equality.Semantic.DeepEqual(again, secret) {
+			t.Errorf("%s shared twice = %+v, want %+v", secret.Name, again, secret)
+		}
+		return secret
+	}
+	same := func(a, b []byte) bool { return unsafe.SliceData(a) == unsafe.SliceData(b) }
+
+	var cached []*corev1.Secret
+	for _, secret := range clusterTLSSecrets(t, "kv") {
+		cached = append(cached, share(decoded(secret)))
+	}
+	ca := cached[0].Data[specs.CACertKey]
+	for _, secret := range cached {
+		if !same(secret.Data[specs.CACertKey], ca) {
+			t.Errorf("%s does not share its CA's certificate", secret.Name)
+		}
+	}
+	if !same(cached[0].Data[corev1.TLSCertKey], ca) {
+		t.Error("the CA's Secret holds its certificate twice")
+	}
+	for _, secret := range cached[1:] {
+		if same(secret.Data[corev1.TLSCertKey], ca) || same(secret.Data[corev1.TLSPrivateKeyKey], cached[0].Data[corev1.TLSPrivateKeyKey]) {
+			t.Errorf("%s shares its own certificate or key with the CA's", secret.Name)
+		}
+	}
+	held := func() [][]byte { return slices.Concat(slices.Collect(maps.Values(table.pems))...) }
+	if got := held(); len(got) != 1 || !same(got[0], ca) {
+		t.Errorf("the table holds %d values, want the CA's certificate alone", len(got))
+	}
+
+	other := share(decoded(clusterTLSSecrets(t, "other")[1]))
+	if same(other.Data[specs.CACertKey], ca) || len(held()) != 2 {
+		t.Errorf("another cluster's CA: shared with kv's %v, %d values held, want 2", same(other.Data[specs.CACertKey], ca), len(held()))
+	}
+	plain := share(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "opaque"}, Data: map[string][]byte{"password": []byte("x")}})
+	if len(held()) != 2 || string(plain.Data["password"]) != "x" {
+		t.Errorf("a Secret without ca.crt: %d values held, data %v", len(held()), plain.Data)
+	}
+
+	// Past its bound the table starts afresh: what is cached keeps its copy.
+	table.bytes = maxSharedCABytes
+	again := share(decoded(cached[1]))
+	if same(again.Data[specs.CACertKey], ca) || len(held()) != 1 {
+		t.Errorf("table past its bound: %d values held, shared with the old copy %v", len(held()), same(again.Data[specs.CACertKey], ca))
+	}
+	if !bytes.Equal(ca, cached[1].Data[specs.CACertKey]) {
+		t.Error("a cached Secret's CA certificate changed when the table started afresh")
+	}
+
+	// The cache's transform for Secrets shares them.
+	transform := cacheTransform(&corev1.Secret{})
+	var viaCache []*corev1.Secret
+	for _, secret := range clusterTLSSecrets(t, "kv") {
+		obj, err := transform(decoded(secret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		viaCache = append(viaCache, obj.(*corev1.Secret))
+	}
+	if !same(viaCache[0].Data[specs.CACertKey], viaCache[3].Data[specs.CACertKey]) {
+		t.Error("the cache's transform does not share a cluster's CA certificate")
+	}
+}
+
 // resetShared empties what the cached objects share (benchmarks measure what they hold from none).
 func resetShared() {
 	sharedMetadata.mu.Lock()
@@ -494,4 +647,7 @@ func resetShared() {
 	sharedStorage.mu.Lock()
 	sharedStorage.lists = map[string]corev1.ResourceList{}
 	sharedStorage.mu.Unlock()
+	sharedCAs.mu.Lock()
+	sharedCAs.pems, sharedCAs.bytes = map[uint64][][]byte{}, 0
+	sharedCAs.mu.Unlock()
 }

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"bytes"
 	"hash/maphash"
 	"maps"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 // What the cached objects share. Decoding gives each object its own copy of every string and
@@ -203,4 +206,71 @@ func labelsHash(seed maphash.Seed, labels map[string]string) uint64 {
 		h.WriteByte(0)
 	}
 	return h.Sum64()
+}
+
+// sharedCAs holds the CA certificates of the cached Secrets. Each of a cluster's TLS Secrets
+// carries its CA's certificate (ca.crt), and the CA's own Secret carries it twice (tls.crt too):
+// five copies of one certificate a cluster, one once shared. Only certificates are held here, never
+// a key.
+var sharedCAs = newCertificateTable()
+
+// maxSharedCABytes bounds sharedCAs by the bytes of the certificates it holds; past it, it starts
+// afresh, as sharedMetadata does. A CA certificate is about 600 bytes (two while a rotation
+// runs): thousands of clusters' fit.
+const maxSharedCABytes = 4 << 20
+
+// certificateTable gives one copy of each certificate (PEM bytes).
+type certificateTable struct {
+	mu sync.Mutex
+	// pems are the certificates by the hash of their bytes, unequal ones with the same hash side
+	// by side.
+	pems  map[uint64][][]byte
+	bytes int
+	seed  maphash.Seed
+}
+
+func newCertificateTable() *certificateTable {
+	return &certificateTable{pems: map[uint64][][]byte{}, seed: maphash.MakeSeed()}
+}
+
+// sharingCAs makes a cached Secret's CA certificate, and any of its values equal to it, the
+// table's copy (sharedCAs.share); other objects are left as they are.
+func sharingCAs(obj any) any {
+	if secret, ok := obj.(*corev1.Secret); ok {
+		sharedCAs.share(secret)
+	}
+	return obj
+}
+
+// share points secret's ca.crt, and its values equal to it, at the table's copy of it. It changes
+// secret in place (the informer's own copy).
+func (t *certificateTable) share(secret *corev1.Secret) {
+	ca := secret.Data[specs.CACertKey]
+	if len(ca) == 0 {
+		return
+	}
+	hash := maphash.Bytes(t.seed, ca)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bytes >= maxSharedCABytes {
+		t.pems, t.bytes = map[uint64][][]byte{}, 0
+	}
+	shared := t.intern(hash, ca)
+	for k, v := range secret.Data {
+		if bytes.Equal(v, shared) {
+			secret.Data[k] = shared
+		}
+	}
+}
+
+// intern is the table's copy of pem, whose hash is hash (t.mu held).
+func (t *certificateTable) intern(hash uint64, pem []byte) []byte {
+	for _, held := range t.pems[hash] {
+		if bytes.Equal(held, pem) {
+			return held
+		}
+	}
+	t.pems[hash] = append(t.pems[hash], pem)
+	t.bytes += len(pem)
+	return pem
 }

@@ -92,7 +92,7 @@ func CacheOptions(namespaces ...string) cache.Options { return CacheOptionsLeavi
 // Roles may be gone already, and a cache that cannot list is never ready).
 func CacheOptionsLeaving(namespaces, leaving []string) cache.Options {
 	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{specs.ManagedByLabel: specs.ManagedByValue}),
-		Transform: func(obj any) (any, error) { return sharingMetadata(cachedIntent(obj)), nil }}
+		Transform: func(obj any) (any, error) { return sharingMetadata(sharingCAs(cachedIntent(obj))), nil }}
 	options := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&appsv1.StatefulSet{}:           owned,
 		&corev1.Service{}:               owned,
