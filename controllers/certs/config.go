@@ -32,7 +32,7 @@ func ClientConfig(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
 		return nil, errors.New("the CA certificate (ca.crt) holds no PEM certificate")
 	}
 	return &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12,
-		ClientSessionCache: tls.NewLRUClientSessionCache(sessionsPerClient)}, nil
+		ClientSessionCache: newCompactSessions(sessionsPerClient)}, nil
 }
 
 // LoadClientConfig is ClientConfig from the files of a mounted Secret, read now.
