@@ -39,7 +39,9 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 	pod := func() *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "kv-1", Namespace: "ns", UID: "pod-uid", CreationTimestamp: metav1.Now(),
-				Labels:        map[string]string{appsv1.StatefulSetRevisionLabel: "kv-5d8f", specs.ClusterLabel: "kv"},
+				Labels: map[string]string{appsv1.StatefulSetRevisionLabel: "kv-5d8f", specs.ClusterLabel: "kv", specs.ManagedByLabel: specs.ManagedByValue,
+					appsv1.StatefulSetPodNameLabel: "kv-1", appsv1.PodIndexLabel: "1"},
+				Annotations:   map[string]string{specs.TrustAnnotation: "0123abcd"},
 				ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate}}},
 			Spec: corev1.PodSpec{
 				InitContainers: []corev1.Container{{Name: "init", Image: "busybox", Command: []string{"sh", "-c", "true"}}},
@@ -66,7 +68,8 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 			},
 		}
 	}
-	finished := pod()
+	finished := pod() // a backup Job's
+	finished.Labels = map[string]string{specs.ClusterLabel: "kv", batchv1.ControllerUidLabel: "job-uid", batchv1.JobNameLabel: "kv-backup"}
 	finished.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Message: `{"backup":"done"}`}}
 	for _, tc := range []struct {
 		name string
@@ -91,10 +94,12 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 				t.Errorf("termination message = %q, want %q", got, want)
 			}
 			if isMemberPod(after) != isMemberPod(before) || after.UID != before.UID || !after.CreationTimestamp.Equal(&before.CreationTimestamp) ||
-				!after.DeletionTimestamp.Equal(before.DeletionTimestamp) || after.Labels[specs.ClusterLabel] != "kv" {
+				!after.DeletionTimestamp.Equal(before.DeletionTimestamp) || indexByCluster(after)[0] != "kv" ||
+				after.Labels[batchv1.ControllerUidLabel] != before.Labels[batchv1.ControllerUidLabel] { // jobReportFrom's selector
 				t.Errorf("metadata changed: %+v, want %+v", after.ObjectMeta, before.ObjectMeta)
 			}
-			if after.ManagedFields != nil || after.Spec.Volumes != nil || after.Spec.Containers[0].ReadinessProbe != nil || after.Status.PodIP != "" ||
+			if after.ManagedFields != nil || after.Annotations != nil || len(after.Labels) > 2 || after.Spec.Volumes != nil ||
+				after.Spec.Containers[0].ReadinessProbe != nil || after.Status.PodIP != "" ||
 				slices.ContainsFunc(after.Status.Conditions, func(c corev1.PodCondition) bool {
 					return c.Type != corev1.PodReady || !c.LastTransitionTime.IsZero() || c.Reason != "" || c.Message != ""
 				}) ||
@@ -486,17 +491,16 @@ func TestSharingMetadata(t *testing.T) {
 		return metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(name + "-uid"), Labels: labels, OwnerReferences: owner,
 			Annotations: map[string]string{"example.com/note": name}, Finalizers: []string{"kubernetes.io/pvc-protection"}}
 	}
-	podLabels := func(name string) map[string]string {
-		l := specs.Labels(kvc)
-		l[appsv1.StatefulSetPodNameLabel] = name
-		return l
+	podLabels := func(revision string) map[string]string { // as cachedForm leaves them
+		return map[string]string{specs.ClusterLabel: "kv", appsv1.StatefulSetRevisionLabel: revision}
 	}
 	objects := []client.Object{
 		&corev1.PersistentVolumeClaim{ObjectMeta: meta("data-kv-0", specs.Labels(kvc))},
 		&corev1.PersistentVolumeClaim{ObjectMeta: meta("data-kv-1", specs.Labels(kvc))},
 		&corev1.Service{ObjectMeta: meta("kv", specs.Labels(kvc))},
-		&corev1.Pod{ObjectMeta: meta("kv-0", podLabels("kv-0"))},
-		&corev1.Pod{ObjectMeta: meta("kv-1", podLabels("kv-1"))},
+		&corev1.Pod{ObjectMeta: meta("kv-0", podLabels("kv-5d8f"))},
+		&corev1.Pod{ObjectMeta: meta("kv-1", podLabels("kv-5d8f"))},
+		&corev1.Pod{ObjectMeta: meta("kv-2", podLabels("kv-7c6b"))}, // made from the next revision
 	}
 	var cached []client.Object
 	for _, obj := range objects {
@@ -532,8 +536,11 @@ func TestSharingMetadata(t *testing.T) {
 	if mapOf(cached[0]) != mapOf(cached[1]) || mapOf(cached[0]) != mapOf(cached[2]) {
 		t.Error("claims and Service of one cluster do not share their set of labels")
 	}
-	if n := len(slices.Concat(slices.Collect(maps.Values(table.labels))...)); n != 1 {
-		t.Errorf("%d sets of labels held, want 1: a pod's are its own, never shared", n)
+	if mapOf(cached[3]) != mapOf(cached[4]) || mapOf(cached[3]) == mapOf(cached[5]) {
+		t.Error("member pods of one revision do not share their set of labels, or pods of two revisions do")
+	}
+	if n := len(slices.Concat(slices.Collect(maps.Values(table.labels))...)); n != 3 {
+		t.Errorf("%d sets of labels held, want 3: the cluster's objects', and its pods' of each revision", n)
 	}
 
 	// Past its bound the table starts afresh: what is cached keeps its copies.

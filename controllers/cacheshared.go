@@ -113,18 +113,17 @@ func sharingMetadata(obj any) any { return sharedMetadata.share(obj) }
 
 // share makes the metadata of obj use the table's copies: its namespace, labels, annotations'
 // keys, owners and finalizers (not its name or UID, its own). The values of annotations are
-// mostly each object's own (the digests of cachedIntent). A pod's labels are one map of its own
-// (its name, its revision) of shared strings; other objects' labels, one map per set (a
-// cluster's claims have the same, as have the objects the operator applies).
+// mostly each object's own (the digests of cachedIntent). Labels are one map per set: a
+// cluster's claims have the same, as have the objects the operator applies, and its member pods
+// of one revision (as cachedForm leaves them).
 func (t *metadataTable) share(obj any) any {
 	o, ok := obj.(metav1.Object)
 	if !ok {
 		return obj
 	}
 	labels := o.GetLabels()
-	_, pod := obj.(*corev1.Pod)
 	var hash uint64
-	if len(labels) > 0 && !pod {
+	if len(labels) > 0 {
 		hash = labelsHash(t.seed, labels)
 	}
 	t.mu.Lock()
@@ -133,11 +132,7 @@ func (t *metadataTable) share(obj any) any {
 		t.strings, t.labels, t.bytes = map[string]string{}, map[uint64][]map[string]string{}, 0
 	}
 	o.SetNamespace(t.intern(o.GetNamespace()))
-	switch {
-	case len(labels) == 0:
-	case pod:
-		o.SetLabels(t.internAll(labels))
-	default:
+	if len(labels) > 0 {
 		o.SetLabels(t.labelSet(hash, labels))
 	}
 	if annotations := o.GetAnnotations(); len(annotations) > 0 {

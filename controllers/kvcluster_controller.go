@@ -138,11 +138,12 @@ func notComparedKinds() []client.Object {
 var stripManagedFields = cache.TransformStripManagedFields()
 
 // cachedForm is what the cache keeps of an object of notComparedKinds: no managed fields; of a
-// Pod, besides, only what the operator reads of it (its metadata; each container's name and the
-// flags PodTransport reads; its phase, readiness, and whether each container runs or how it
-// ended, and its restarts: observePods, memberPodStateOf, TerminationMessage). The rest of a
-// pod's spec (probes, environment, mounts, volumes, tolerations) is most of its size, one pod per
-// member, and the operator reads it from the StatefulSet's template instead. Of a claim, its
+// Pod, besides, only what the operator reads of it (its metadata but its annotations and the
+// labels it does not read, podLabelsRead; each container's name and the flags PodTransport reads;
+// its phase, readiness, and whether each container runs or how it ended, and its restarts:
+// observePods, memberPodStateOf, TerminationMessage). The rest of a pod's spec (probes,
+// environment, mounts, volumes, tolerations) is most of its size, one pod per member, and the
+// operator reads it from the StatefulSet's template instead. Of a claim, its
 // metadata but its annotations, its StorageClass, the size asked for and had, its phase and a
 // pending file system resize (claimObserved, plan.ClaimBelongs). The sizes are one shared list
 // per size (sharedStorage): a map each, they had been more than half of a claim's heap. It
@@ -185,9 +186,31 @@ func cachedForm(obj any) any {
 			conditions = append(conditions, corev1.PodCondition{Type: c.Type, Status: c.Status})
 		}
 	}
+	pod.Labels = labelsRead(pod.Labels)
+	pod.Annotations = nil
 	pod.Spec = corev1.PodSpec{Containers: containers}
 	pod.Status = corev1.PodStatus{Phase: pod.Status.Phase, Conditions: conditions, ContainerStatuses: statuses}
 	return pod
+}
+
+// podLabelsRead are the labels the operator reads of a pod: its cluster (clusterIndex), a member's
+// StatefulSet revision (isMemberPod, memberPodStateOf), a backup's Job (jobReportFrom). Without
+// the labels each member has of its own (its name, its index), the member pods of one cluster and
+// revision have one set of labels, which the cache then holds once (sharingMetadata).
+var podLabelsRead = []string{specs.ClusterLabel, appsv1.StatefulSetRevisionLabel, batchv1.ControllerUidLabel}
+
+// labelsRead is the part of a pod's labels in podLabelsRead.
+func labelsRead(labels map[string]string) map[string]string {
+	var read map[string]string
+	for _, k := range podLabelsRead {
+		if v, ok := labels[k]; ok {
+			if read == nil {
+				read = make(map[string]string, len(podLabelsRead))
+			}
+			read[k] = v
+		}
+	}
+	return read
 }
 
 // +kubebuilder:rbac:groups=kvcluster.io,resources=kvclusters,verbs=get;list;watch;patch
