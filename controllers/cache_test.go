@@ -166,10 +166,25 @@ func TestCachedFormKeepsWhatTheOperatorReads(t *testing.T) {
 	if again := cachedForm(after.DeepCopy()); !equality.Semantic.DeepEqual(again, after) {
 		t.Errorf("cached form of the cached claim = %+v, want %+v", again, after)
 	}
-	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "kv-backup", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}},
-		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Env: []corev1.EnvVar{{Name: "A"}}}}}}}}
-	if got := cachedForm(job.DeepCopy()).(*batchv1.Job); got.ManagedFields != nil || len(got.Spec.Template.Spec.Containers[0].Env) != 1 {
-		t.Errorf("cached Job = %+v, want it whole but its managed fields", got)
+	started, failed := metav1.NewTime(now.Add(-time.Minute)), metav1.NewTime(now.Truncate(time.Second))
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "kv-backup", UID: "job-uid", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}},
+		Labels: map[string]string{specs.ClusterLabel: "kv", specs.BackupKindLabel: specs.BackupScheduled}, Annotations: map[string]string{specs.WritesFencedAnnotation: ""}},
+		Spec: batchv1.JobSpec{BackoffLimit: new(int32(0)), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "backup", Env: []corev1.EnvVar{{Name: "A"}}}}}}},
+		Status: batchv1.JobStatus{StartTime: &started, Failed: 1, UncountedTerminatedPods: &batchv1.UncountedTerminatedPods{},
+			Conditions: []batchv1.JobCondition{{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, LastTransitionTime: failed, Reason: "DeadlineExceeded", Message: "Job was active longer than specified deadline"}}}}
+	read := plan.NewJob(job.DeepCopy(), `{"error":"timed out"}`)
+	gotJob := cachedForm(job.DeepCopy()).(*batchv1.Job)
+	readCached := plan.NewJob(gotJob, `{"error":"timed out"}`)
+	if readCached.Done != read.Done || readCached.Succeeded != read.Succeeded || !readCached.FinishedAt.Equal(read.FinishedAt) ||
+		!equality.Semantic.DeepEqual(plan.BackupRecordOf(readCached), plan.BackupRecordOf(read)) || plan.JobFailureMessage(gotJob) != plan.JobFailureMessage(job) ||
+		!equality.Semantic.DeepEqual(gotJob.ObjectMeta, func() metav1.ObjectMeta { m := job.ObjectMeta; m.ManagedFields = nil; return m }()) {
+		t.Errorf("cached Job %+v reads otherwise than %+v", gotJob, job)
+	}
+	if !equality.Semantic.DeepEqual(gotJob.Spec, batchv1.JobSpec{}) || gotJob.Status.UncountedTerminatedPods != nil {
+		t.Errorf("kept what the operator never reads of a Job: %+v", gotJob)
+	}
+	if again := cachedForm(gotJob.DeepCopy()); !equality.Semantic.DeepEqual(again, gotJob) {
+		t.Errorf("cached form of the cached Job = %+v, want %+v", again, gotJob)
 	}
 }
 
@@ -330,6 +345,48 @@ func BenchmarkCachedMemberClaim(b *testing.B) {
 		b.Fatal(err)
 	}
 	benchmarkHeldHeap[corev1.PersistentVolumeClaim](b, data, "claim")
+}
+
+// BenchmarkCachedBackupJob: the heap one finished scheduled backup Job of a TLS cluster holds in
+// the cache (a cluster keeps several: backup.jobHistoryLimit), whole as the informer decodes it
+// (without managed fields) and in its cached form. The Job is as the operator applies it, with
+// what the API server and the Job controller add.
+func BenchmarkCachedBackupJob(b *testing.B) {
+	kvc := newKVCluster("ns", "kv", 3)
+	kvc.UID = "cluster-uid"
+	kvc.Spec.TLS = &kvv1.TLSSpec{Mode: kvv1.TLSOperator}
+	kvc.Spec.BackupSchedule = "0 * * * *"
+	kvc.Spec.Backup = &kvv1.BackupSpec{S3: &kvv1.S3Destination{Endpoint: "https://s3.example.com", Bucket: "backups",
+		Region: "eu-west-1", CredentialsSecret: "backup-credentials"}}
+	data, err := json.Marshal(specs.BackupJob(kvc, specs.ScheduledBackupRun(kvc, "kv-1-29871234"), "example.com/kvcluster-operator:v1"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var job batchv1.Job
+	if err := json.Unmarshal(data, &job); err != nil {
+		b.Fatal(err)
+	}
+	now := metav1.Now()
+	job.UID, job.CreationTimestamp, job.ResourceVersion, job.Generation = "job-uid", now, "123456", 1
+	selector := map[string]string{batchv1.ControllerUidLabel: "job-uid"}
+	job.Spec.Selector = &metav1.LabelSelector{MatchLabels: selector}
+	job.Spec.Completions, job.Spec.Parallelism, job.Spec.ManualSelector = new(int32(1)), new(int32(1)), new(false)
+	job.Spec.CompletionMode, job.Spec.Suspend = new(batchv1.NonIndexedCompletion), new(false)
+	job.Spec.PodReplacementPolicy = new(batchv1.TerminatingOrFailed)
+	job.Spec.Template.Labels[batchv1.ControllerUidLabel], job.Spec.Template.Labels[batchv1.JobNameLabel] = "job-uid", job.Name
+	pod := &job.Spec.Template.Spec
+	pod.DNSPolicy, pod.SchedulerName, pod.TerminationGracePeriodSeconds = corev1.DNSClusterFirst, corev1.DefaultSchedulerName, new(int64(30))
+	for i := range pod.Containers {
+		pod.Containers[i].TerminationMessagePath = corev1.TerminationMessagePathDefault
+	}
+	job.Status = batchv1.JobStatus{StartTime: &now, CompletionTime: &now, Succeeded: 1, Ready: new(int32(0)), Terminating: new(int32(0)),
+		UncountedTerminatedPods: &batchv1.UncountedTerminatedPods{}, Conditions: []batchv1.JobCondition{
+			{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastProbeTime: now, LastTransitionTime: now, Reason: "CompletionsReached", Message: "Reached expected number of succeeded pods"},
+			{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastProbeTime: now, LastTransitionTime: now, Reason: "CompletionsReached", Message: "Reached expected number of succeeded pods"}}}
+	if data, err = json.Marshal(job); err != nil {
+		b.Fatal(err)
+	}
+	benchmarkHeldHeap[batchv1.Job](b, data, "job")
 }
 
 // benchmarkHeldHeap measures the heap a thousand objects like the one data holds (the member

@@ -146,11 +146,19 @@ var stripManagedFields = cache.TransformStripManagedFields()
 // operator reads it from the StatefulSet's template instead. Of a claim, its
 // metadata but its annotations, its StorageClass, the size asked for and had, its phase and a
 // pending file system resize (claimObserved, plan.ClaimBelongs). The sizes are one shared list
-// per size (sharedStorage): a map each, they had been more than half of a claim's heap. It
+// per size (sharedStorage): a map each, they had been more than half of a claim's heap. Of a Job
+// (a backup's, a deletion step's), its metadata, when it started and its conditions (NewJob,
+// BackupRecordOf, JobFailureMessage): a cluster keeps several finished backup Jobs
+// (backup.jobHistoryLimit), and their pod template was most of their size. It
 // changes obj in place (the informer's own copy), and a second pass changes nothing (the
 // informer may make two).
 func cachedForm(obj any) any {
 	obj, _ = stripManagedFields(obj) // never fails
+	if job, ok := obj.(*batchv1.Job); ok {
+		job.Spec = batchv1.JobSpec{}
+		job.Status = batchv1.JobStatus{StartTime: job.Status.StartTime, Conditions: job.Status.Conditions}
+		return job
+	}
 	if claim, ok := obj.(*corev1.PersistentVolumeClaim); ok {
 		claim.Annotations = nil // the binder's and the provisioner's
 		claim.Spec = corev1.PersistentVolumeClaimSpec{StorageClassName: claim.Spec.StorageClassName,
