@@ -67,9 +67,8 @@ type KVClusterReconciler struct {
 	leaders leaderTracker
 	// statusWrites are the versions its status writes made, until the cache shows them (load).
 	statusWrites statusWrites
-	// clientTLS is each cluster's client TLS configuration, kept with the sessions its members
-	// offered (membersClient). Keyed by name: a cluster made again under it has other Secrets,
-	// whose bytes make a new configuration.
+	// clientTLS keeps the TLS sessions each cluster's members offered (membersClient). Keyed by
+	// name: a cluster made again under it has other Secrets, whose bytes start sessions anew.
 	clientTLS certs.ClientConfigs[types.NamespacedName]
 }
 

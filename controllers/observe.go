@@ -161,8 +161,8 @@ func (r *KVClusterReconciler) observeTLS(ctx context.Context, kvc *kvv1.KVCluste
 }
 
 // membersClient is the client that speaks to the cluster's members in scheme: over https with
-// the client certificate of its TLS Secrets (secrets, as observeTLS read them), in the
-// configuration kept for the cluster while they stay the same, so connections resume sessions.
+// the client certificate of its TLS Secrets (secrets, as observeTLS read them), with the sessions
+// kept for the cluster while they stay the same, so connections resume them.
 func (r *KVClusterReconciler) membersClient(kvc *kvv1.KVCluster, scheme string, secrets map[string]map[string][]byte) (members.Client, error) {
 	cluster := types.NamespacedName{Namespace: kvc.Namespace, Name: kvc.Name}
 	if scheme != "https" {

@@ -22,11 +22,6 @@ func ClientConfig(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client certificate and key do not form a pair: %v", err)
 	}
-	// The parsed certificate is not kept: a client reads it only to choose what to present in a
-	// full handshake, which then parses it again, and a kept configuration mostly resumes
-	// sessions instead. Kept, it was 2.7 KB of the 14.7 KB a configuration with one member's
-	// session holds (BenchmarkAKeptClientConfig), for each cluster.
-	pair.Leaf = nil
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("the CA certificate (ca.crt) holds no PEM certificate")
@@ -48,49 +43,52 @@ func LoadClientConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 	return ClientConfig(pems[0], pems[1], pems[2])
 }
 
-// ClientConfigs keeps one ClientConfig per owner (a cluster) for as long as its PEM inputs stay
-// the same. The operator connects to every member of every cluster again at each look (an idle
-// fleet's connections are closed between looks): with the same configuration, and so its
-// remembered sessions, those connections resume a session instead of verifying the member's
-// certificate chain and signing with the client key again, and the key pair and CA are not
-// parsed again either. New inputs (a renewed certificate, a rotated CA) make a new configuration,
-// with no session of the old trust. The zero value is ready to use.
+// ClientConfigs keeps, per owner (a cluster), the TLS sessions its members offered, for as long
+// as its PEM inputs stay the same. The operator connects to every member of every cluster again
+// at each look (an idle fleet's connections are closed between looks): with the sessions kept,
+// those connections resume one instead of verifying the member's certificate chain and signing
+// with the client key again. New inputs (a renewed certificate, a rotated CA) start with no
+// session of the old trust. The configuration itself is made again at each call, from the inputs:
+// kept, its parsed key pair and CA (the CA parsed by the first handshake's verification) held
+// more heap than the sessions, for each cluster between looks a minute apart, and parsing them
+// costs less than the handshake they serve (BenchmarkAskingAMember). The zero value is ready to
+// use.
 type ClientConfigs[K comparable] struct {
 	mu      sync.Mutex
-	byOwner map[K]ownedConfig
+	byOwner map[K]ownedSessions
 }
 
-type ownedConfig struct {
-	inputs [32]byte // digest of the PEM inputs
-	config *tls.Config
+type ownedSessions struct {
+	inputs   [32]byte // digest of the PEM inputs
+	sessions *compactSessions
 }
 
-// Of returns owner's ClientConfig for these inputs: the one it has if they are the same. One
-// owner's configuration is asked for by one caller at a time (a cluster is never reconciled twice
-// at once); were it asked for concurrently with new inputs, the last one made would be kept.
+// Of returns a ClientConfig for these inputs with the sessions kept for owner, when they are the
+// inputs those were had with. One owner's configuration is asked for by one caller at a time (a
+// cluster is never reconciled twice at once); were it asked for concurrently with new inputs, the
+// sessions of the last would be kept.
 func (c *ClientConfigs[K]) Of(owner K, caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
-	inputs := digest("client", caPEM, certPEM, keyPEM)
-	c.mu.Lock()
-	kept, ok := c.byOwner[owner]
-	c.mu.Unlock()
-	if ok && kept.inputs == inputs {
-		return kept.config, nil
-	}
 	config, err := ClientConfig(caPEM, certPEM, keyPEM)
 	if err != nil {
 		c.Forget(owner)
 		return nil, err
 	}
+	inputs := digest("client", caPEM, certPEM, keyPEM)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.byOwner == nil {
-		c.byOwner = map[K]ownedConfig{}
+	kept, ok := c.byOwner[owner]
+	if !ok || kept.inputs != inputs {
+		if c.byOwner == nil {
+			c.byOwner = map[K]ownedSessions{}
+		}
+		kept = ownedSessions{inputs: inputs, sessions: newCompactSessions(sessionsPerClient)}
+		c.byOwner[owner] = kept
 	}
-	c.byOwner[owner] = ownedConfig{inputs: inputs, config: config}
+	config.ClientSessionCache = kept.sessions
 	return config, nil
 }
 
-// Forget drops owner's configuration (the cluster is gone, or speaks plaintext now).
+// Forget drops owner's sessions (the cluster is gone, or speaks plaintext now).
 func (c *ClientConfigs[K]) Forget(owner K) {
 	c.mu.Lock()
 	delete(c.byOwner, owner)

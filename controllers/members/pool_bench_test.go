@@ -53,9 +53,11 @@ func BenchmarkAnOpenClient(b *testing.B) {
 
 // BenchmarkAskingAMember is one status request to a real etcd member, on a connection dialled for
 // it (no pool) or on a pooled one, plaintext and with mutual TLS (what a cluster gets by
-// default): what the pool saves per request. A TLS connection dialled with the configuration kept
-// for the cluster resumes a session; "TLS/dialled-new-config" makes the configuration for each
-// (a full handshake), as the operator did before it kept them.
+// default): what the pool saves per request. A TLS connection dialled with the same configuration
+// resumes a session; "TLS/dialled-config-of" makes the configuration again for each, with the
+// sessions kept (certs.ClientConfigs, as the operator does for each look at a cluster, which
+// then asks each of its members); "TLS/dialled-new-config" makes the configuration for each with
+// no session kept (a full handshake), as the operator did before it kept them.
 //
 //	KVC_ETCD_DIR=$(e2e/localcluster/build.sh --print-dir etcd-3.7.3) go test -run '^$' -bench AskingAMember ./controllers/members/
 func BenchmarkAskingAMember(b *testing.B) {
@@ -123,6 +125,19 @@ func BenchmarkAskingAMember(b *testing.B) {
 			})
 		}
 	}
+	b.Run("TLS/dialled-config-of", func(b *testing.B) {
+		defer reportCPU(b)()
+		var configs certs.ClientConfigs[string]
+		for b.Loop() {
+			config, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, client.KeyPEM)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := ask(EtcdClient{Timeout: 5 * time.Second, TLS: config}, secure); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("TLS/dialled-new-config", func(b *testing.B) {
 		defer reportCPU(b)()
 		for b.Loop() {
