@@ -95,6 +95,27 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	}
 }
 
+// BenchmarkClientConfig is making a cluster's client configuration from its Secret's bytes, as
+// the operator does at each look at a TLS cluster (ClientConfigs.Of keeps only the sessions).
+//
+//	go test -run '^$' -bench 'ClientConfig$' ./controllers/certs/
+func BenchmarkClientConfig(b *testing.B) {
+	issued := time.Now()
+	ca, err := NewCA("kvcluster-ca", issued, year)
+	if err != nil {
+		b.Fatal(err)
+	}
+	client, err := ca.Issue(Client, []string{"operator"}, issued, 90*day)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := ClientConfig(ca.CertPEM, client.CertPEM, client.KeyPEM); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkKeptClientTLS reports the heap ClientConfigs holds for a cluster once a configuration
 // of it connected to a member and kept the session offered (what the operator keeps per cluster
 // between looks, for one member): each cluster has a CA and a member certificate of its own; the
