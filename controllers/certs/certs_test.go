@@ -47,6 +47,36 @@ func issue(t *testing.T, ca CA, usage Usage, names ...string) Leaf {
 	return leaf
 }
 
+// liveCA, liveLeaf and keyPair are for the tests that make TLS connections, which check
+// certificates at the real time, not at now: a CA and a certificate valid from the moment they
+// are made, and a certificate as a TLS listener presents it.
+func liveCA(tb testing.TB, commonName string) CA {
+	tb.Helper()
+	ca, err := NewCA(commonName, time.Now(), year)
+	if err != nil {
+		tb.Fatalf("NewCA(%q): %v", commonName, err)
+	}
+	return ca
+}
+
+func liveLeaf(tb testing.TB, ca CA, usage Usage, names ...string) Leaf {
+	tb.Helper()
+	leaf, err := ca.Issue(usage, names, time.Now(), 90*day)
+	if err != nil {
+		tb.Fatalf("Issue(%s, %q): %v", usage.name(), names, err)
+	}
+	return leaf
+}
+
+func keyPair(tb testing.TB, leaf Leaf) tls.Certificate {
+	tb.Helper()
+	pair, err := tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pair
+}
+
 func parseLeaf(t *testing.T, certPEM []byte) *x509.Certificate {
 	t.Helper()
 	certs, err := certificates(certPEM)

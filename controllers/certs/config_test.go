@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"sync"
 	"testing"
-	"time"
 )
 
 // TestClientConfigsResumeSessions: a cluster's connections made again, with a configuration made
@@ -16,26 +15,11 @@ import (
 // as etcd with --client-cert-auth); new inputs (a renewed certificate, another CA bundle) start
 // with sessions of their own, as another cluster does; bad inputs fail and keep nothing.
 func TestClientConfigsResumeSessions(t *testing.T) {
-	issued := time.Now() // Go's TLS checks certificates at the real time
-	ca, err := NewCA("kvcluster-ca", issued, year)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := func(usage Usage, name string) Leaf {
-		l, err := ca.Issue(usage, []string{name}, issued, 90*day)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	member, client, renewed := leaf(Server, "127.0.0.1"), leaf(Client, "operator"), leaf(Client, "operator")
-	serverCert, err := tls.X509KeyPair(member.CertPEM, member.KeyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := liveCA(t, "kvcluster-ca")
+	client, renewed := liveLeaf(t, ca, Client, "operator"), liveLeaf(t, ca, Client, "operator")
 	trusted := x509.NewCertPool()
 	trusted.AddCert(ca.Cert)
-	addr := serveMembers(t, &tls.Config{Certificates: []tls.Certificate{serverCert},
+	addr := serveMembers(t, &tls.Config{Certificates: []tls.Certificate{keyPair(t, liveLeaf(t, ca, Server, "127.0.0.1"))},
 		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: trusted, MinVersion: tls.VersionTLS12})
 	// connect makes one connection as the operator does, and reports whether it resumed a session.
 	connect := func(config *tls.Config) bool {
@@ -73,10 +57,7 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	if connect(of("ns/kv", ca.CertPEM, renewed)) {
 		t.Error("a renewed certificate resumed the session of the one before")
 	}
-	otherCA, err := NewCA("kvcluster-ca", issued, year) // a rotation: the same client certificate, another CA trusted
-	if err != nil {
-		t.Fatal(err)
-	}
+	otherCA := liveCA(t, "kvcluster-ca") // a rotation: the same client certificate, another CA trusted
 	if connect(of("ns/kv", append(append([]byte{}, ca.CertPEM...), otherCA.CertPEM...), renewed)) {
 		t.Error("a new CA bundle resumed a session of the configuration that trusts the old one only")
 	}
@@ -100,15 +81,8 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 //
 //	go test -run '^$' -bench 'ClientConfig$' ./controllers/certs/
 func BenchmarkClientConfig(b *testing.B) {
-	issued := time.Now()
-	ca, err := NewCA("kvcluster-ca", issued, year)
-	if err != nil {
-		b.Fatal(err)
-	}
-	client, err := ca.Issue(Client, []string{"operator"}, issued, 90*day)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ca := liveCA(b, "kvcluster-ca")
+	client := liveLeaf(b, ca, Client, "operator")
 	for b.Loop() {
 		if _, err := ClientConfig(ca.CertPEM, client.CertPEM, client.KeyPEM); err != nil {
 			b.Fatal(err)
@@ -124,15 +98,8 @@ func BenchmarkClientConfig(b *testing.B) {
 //
 //	go test -run '^$' -bench KeptClientTLS ./controllers/certs/
 func BenchmarkKeptClientTLS(b *testing.B) {
-	issued := time.Now()
-	clientCA, err := NewCA("clients", issued, year)
-	if err != nil {
-		b.Fatal(err)
-	}
-	client, err := clientCA.Issue(Client, []string{"operator"}, issued, 90*day)
-	if err != nil {
-		b.Fatal(err)
-	}
+	clientCA := liveCA(b, "clients")
+	client := liveLeaf(b, clientCA, Client, "operator")
 	trusted := x509.NewCertPool()
 	trusted.AddCert(clientCA.Cert)
 	var mu sync.Mutex
@@ -154,19 +121,9 @@ func BenchmarkKeptClientTLS(b *testing.B) {
 	runtime.ReadMemStats(&before)
 	n := 0
 	for b.Loop() {
-		ca, err := NewCA("kvcluster-ca", issued, year)
-		if err != nil {
-			b.Fatal(err)
-		}
+		ca := liveCA(b, "kvcluster-ca")
 		name := fmt.Sprintf("member-%d", n)
-		member, err := ca.Issue(Server, []string{name}, issued, 90*day)
-		if err != nil {
-			b.Fatal(err)
-		}
-		memberCert, err := tls.X509KeyPair(member.CertPEM, member.KeyPEM)
-		if err != nil {
-			b.Fatal(err)
-		}
+		memberCert := keyPair(b, liveLeaf(b, ca, Server, name))
 		mu.Lock()
 		members[name] = &memberCert
 		mu.Unlock()

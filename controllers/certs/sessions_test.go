@@ -6,7 +6,6 @@ import (
 	"io"
 	"slices"
 	"testing"
-	"time"
 )
 
 // TestCompactSessions: the cache gives back, parsed, each server's last session; a nil session
@@ -54,19 +53,8 @@ func TestCompactSessions(t *testing.T) {
 // oneSession returns the session a member offered a client on its first connection.
 func oneSession(t *testing.T) *tls.ClientSessionState {
 	t.Helper()
-	issued := time.Now()
-	ca, err := NewCA("kvcluster-ca", issued, year)
-	if err != nil {
-		t.Fatal(err)
-	}
-	member, err := ca.Issue(Server, []string{"127.0.0.1"}, issued, 90*day)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverCert, err := tls.X509KeyPair(member.CertPEM, member.KeyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := liveCA(t, "kvcluster-ca")
+	serverCert := keyPair(t, liveLeaf(t, ca, Server, "127.0.0.1"))
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	kept := newCompactSessions(1)
