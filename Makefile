@@ -189,7 +189,7 @@ bench-scale: ## the operator with BENCH_SCALE_N clusters on a simulated node (kw
 	$(BENCH_SCALE) -n $(BENCH_SCALE_N) $(BENCH_SCALE_FLAGS) -out e2e/scale/BENCHMARKS.md
 
 .PHONY: bench-scale-smoke
-bench-scale-smoke: ## the fleet benchmark with 10 clusters, failing on any cluster not Ready, upgraded or deleted, or an idle write
+bench-scale-smoke: ## the fleet benchmark with 10 clusters, failing on any cluster not Ready, upgraded or deleted, or a write to the idle fleet (by the operator or one restarted against it)
 	$(BENCH_SCALE) -n 10 -check
 
 .PHONY: bench-tls

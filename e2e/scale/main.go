@@ -1,10 +1,10 @@
 // Command scale is the fleet benchmark (`make bench-scale`): the real operator binary against a
 // Kubernetes control plane whose node is simulated by kwok, with N KVClusters created at once,
-// left alone, partly frozen, upgraded and deleted. Simulated pods run no etcd, so the operator is
-// built with the kvcsim tag, which sends its etcd connections to simulated members
-// (controllers/members/membersim) answering from the pods' state; everything else it does goes
-// through the API server as in production. It prints one table per scenario and, with -out,
-// writes them with how they were made to a markdown file.
+// left alone, taken up by a restarted operator, partly frozen, upgraded and deleted. Simulated
+// pods run no etcd, so the operator is built with the kvcsim tag, which sends its etcd
+// connections to simulated members (controllers/members/membersim) answering from the pods'
+// state; everything else it does goes through the API server as in production. It prints one
+// table per scenario and, with -out, writes them with how they were made to a markdown file.
 package main
 
 import (
@@ -65,7 +65,7 @@ func main() {
 	upgradePerCluster := flag.Duration("upgrade-wait-per-cluster", 600*time.Millisecond, "how long the version change may take per cluster, on top of 3 minutes, before the clusters not upgraded fail the run (1,000 clusters on 2 cores take about 0.7 s each: their 3,000 pods restart one member at a time)")
 	out := flag.String("out", "", "markdown file to write the tables to, with the machine and how to reproduce them")
 	tlsMode := flag.String("tls", string(kvv1.TLSOperator), "the clusters' tls.mode: Operator, what deploy/admission/tls-by-default.yaml gives every new cluster (certificates issued, every etcd request over mutual TLS), or Disabled (plaintext)")
-	check := flag.Bool("check", false, "exit 1 unless every cluster became Ready, upgraded and went, and the idle fleet made no write (the smoke run of make test)")
+	check := flag.Bool("check", false, "exit 1 unless every cluster became Ready, upgraded and went, and neither the idle fleet nor the restarted operator taking it up made a write (the smoke run of make test)")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard()) // the harness's watches log nothing worth reading
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -227,13 +227,12 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	for i, n := range ns {
 		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}, perCluster: perCluster, tls: tlsMode}
 		results = append(results, b.r)
-		op, err := startOperator(work, cp.kubeconfig, l.Addr().String(), workers)
-		if err != nil {
+		b.start = func() (*operator, error) { return startOperator(work, cp.kubeconfig, l.Addr().String(), workers) }
+		if b.op, err = b.start(); err != nil {
 			return results, err
 		}
-		b.op = op
 		err = b.scenarios(ctx, steady, frozenShare)
-		op.shutdown()
+		b.op.shutdown()
 		if err == nil && i < len(ns)-1 {
 			err = b.clear(ctx)
 		}
@@ -284,11 +283,13 @@ func keepLogs(work string) {
 
 // bench is one fleet size's run.
 type bench struct {
-	cp        *controlPlane
-	tl        *timeline
-	sim       *membersim.Sim
-	watched   cache.Cache
-	op        *operator
+	cp      *controlPlane
+	tl      *timeline
+	sim     *membersim.Sim
+	watched cache.Cache
+	op      *operator
+	// start starts an operator (the restart scenario's second one).
+	start     func() (*operator, error)
 	n         int
 	namespace string
 	r         *result
@@ -422,6 +423,35 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 		}
 	}
 
+	// Restart: the operator stopped as a rolling update stops it, and a new one started against the
+	// idle fleet, which it takes up again from what it lists, rewriting none of it; then left
+	// alone as long as the idle fleet was, for its settled RSS.
+	log("restarting the operator")
+	_, grace, err := deployed()
+	if err != nil {
+		return err
+	}
+	if err := b.op.terminate(grace); err != nil {
+		return err
+	}
+	start = time.Now()
+	if b.op, err = b.start(); err != nil {
+		return err
+	}
+	caughtUp, ok := b.op.caughtUp(b.n, 2*time.Minute+time.Duration(b.n)*b.perCluster.create)
+	if !ok {
+		return fmt.Errorf("the restarted operator had not taken up the %d clusters after %s", b.n, time.Since(start).Round(time.Second))
+	}
+	b.op.setQuiet(true)
+	time.Sleep(steady)
+	b.op.setQuiet(false)
+	end = b.op.mark()
+	if err := b.measure(&r.restart, start, end); err != nil {
+		return err
+	}
+	r.restart.took = caughtUp.Sub(start)
+	r.restart.use, r.restart.settledRSS = b.op.usage(start, caughtUp), b.op.usage(caughtUp, end).lastRSS
+
 	// Frozen members: a share of the clusters stop answering (SIGSTOP); as many new clusters are
 	// created once the operator has run into every frozen one.
 	if frozen := int(frozenShare * float64(b.n)); frozen > 0 {
@@ -529,8 +559,8 @@ func (b *bench) measure(s *scenario, from, to time.Time) error {
 // result is one fleet size's figures.
 type result struct {
 	n                               int
-	create, steady, frozen, upgrade scenario
-	delete                          scenario
+	create, steady, restart, frozen scenario
+	upgrade, delete                 scenario
 }
 
 type scenario struct {
@@ -543,13 +573,16 @@ type scenario struct {
 	use          usage
 	// etcdConns and etcdRequests are what the simulated members served (idle fleet).
 	etcdConns, etcdRequests int64
+	// settledRSS is the restarted operator's RSS once it has been idle as long as the fleet was.
+	settledRSS int64
 }
 
 // ran reports whether the scenario was measured: after a failure the later ones are not, and
 // get no row.
 func (s scenario) ran() bool { return s.window > 0 }
 
-// problems are what -check fails on: a functional failure, or writes by an idle fleet.
+// problems are what -check fails on: a functional failure, or writes by an idle fleet or by the
+// operator restarted against it.
 func (r *result) problems() []string {
 	var p []string
 	// A count that is zero because nothing was counted must not pass for an idle operator.
@@ -561,6 +594,9 @@ func (r *result) problems() []string {
 	}
 	if w := r.steady.requests.writes(); w > 0 {
 		p = append(p, fmt.Sprintf("the idle fleet made %d writes: %s", w, r.steady.requests.perCluster(1)))
+	}
+	if w := r.restart.requests.writes(); w > 0 {
+		p = append(p, fmt.Sprintf("the restarted operator made %d writes to the unchanged fleet: %s", w, r.restart.requests.perCluster(1)))
 	}
 	return p
 }
@@ -589,6 +625,16 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 		per := float64(r.n) * minutes
 		w("| %d | %s | %s | %s | %s | %s | %.2f s | %s |\n", r.n, trim(float64(c.requests.reads())/per), trim(float64(c.requests.writes())/per), trim(float64(c.requests.leases)/minutes),
 			trim(float64(c.etcdConns)/per), trim(float64(c.etcdRequests)/per), c.use.cpu/minutes, mib(c.use.lastRSS))
+	}
+	w("\n### The operator restarted against the idle fleet\n\n")
+	w("Stopped as a rolling update stops it (SIGTERM, its exit awaited) and a new process started: taken up when it has reconciled as many times as there are clusters and holds nothing in its queue; then left alone for %s. Its leader election lease is counted apart.\n\n", steady)
+	w("| N | taken up after | API requests per cluster | operator CPU until taken up | peak RSS | RSS %s later |\n|---|---|---|---|---|---|\n", steady)
+	for _, r := range results {
+		c := r.restart
+		if !c.ran() {
+			continue
+		}
+		w("| %d | %s | %s | %.1f s | %s | %s |\n", r.n, seconds(c.took), c.requests.perCluster(float64(r.n)), c.use.cpu, mib(c.use.peakRSS), mib(c.settledRSS))
 	}
 	w("\n### New clusters while %.0f %% of the fleet's members are frozen (SIGSTOP: connections accepted, never answered)\n\n", frozenShare*100)
 	w("| N | frozen clusters | new clusters: all Ready after | operator overhead per new cluster p50 / p99 / max | queue depth max | mean queue wait |\n|---|---|---|---|---|---|\n")

@@ -38,9 +38,10 @@ type operator struct {
 	samples []sample
 	// quiet: sample /proc only, not the metrics endpoint, whose serving is work the operator would
 	// do once per Prometheus scrape (every 15–60 s), not every second.
-	quiet   bool
-	stop    chan struct{}
-	stopped chan struct{}
+	quiet    bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	stopped  chan struct{}
 }
 
 // sample is the operator at one moment: from /proc and its own metrics.
@@ -91,17 +92,22 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// deployedMemoryLimit is the memory limit of the manager container of the shipped Deployment.
-func deployedMemoryLimit() (int64, error) {
-	_, manager, err := deploy.Manager(nil)
+// deployed is what the shipped Deployment gives the manager: its container's memory limit, and
+// how long its pod is given to stop (terminationGracePeriodSeconds; Kubernetes' default if unset).
+func deployed() (memoryLimit int64, grace time.Duration, err error) {
+	dep, manager, err := deploy.Manager(nil)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	q, ok := manager.Resources.Limits[corev1.ResourceMemory]
 	if !ok {
-		return 0, errors.New("the shipped manager container has no memory limit")
+		return 0, 0, errors.New("the shipped manager container has no memory limit")
 	}
-	return q.Value(), nil
+	grace = 30 * time.Second
+	if g := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	return q.Value(), grace, nil
 }
 
 func startOperator(work, kubeconfig, simulated string, workers int) (*operator, error) {
@@ -117,7 +123,7 @@ func startOperator(work, kubeconfig, simulated string, workers int) (*operator, 
 	if workers > 0 {
 		cmd.Args = append(cmd.Args, "--max-concurrent-reconciles", strconv.Itoa(workers))
 	}
-	limit, err := deployedMemoryLimit()
+	limit, _, err := deployed()
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +139,9 @@ func startOperator(work, kubeconfig, simulated string, workers int) (*operator, 
 		return nil, err
 	}
 	op := &operator{cmd: cmd, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", mport), pprof: fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", dport),
-		stop: make(chan struct{}), stopped: make(chan struct{})}
+		stop: make(chan struct{}), stopped: make(chan struct{}),
+		// Its start: no CPU used yet, so a window from here counts what starting took.
+		samples: []sample{{at: time.Now()}}}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if s, err := op.sample(true); err == nil && s.scraped {
@@ -183,9 +191,52 @@ func (op *operator) kill() {
 }
 
 func (op *operator) shutdown() {
-	close(op.stop)
-	<-op.stopped
+	op.stopSampling()
 	op.kill()
+}
+
+func (op *operator) stopSampling() {
+	op.stopOnce.Do(func() { close(op.stop) })
+	<-op.stopped
+}
+
+// terminate stops the operator as a rolling update does: SIGTERM, then its exit awaited for the
+// Deployment's grace period (its manager lets running reconciles finish), then SIGKILL.
+func (op *operator) terminate(grace time.Duration) error {
+	op.stopSampling()
+	exited := make(chan struct{})
+	go func() {
+		_ = op.cmd.Wait()
+		close(exited)
+	}()
+	_ = op.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+		return nil
+	case <-time.After(grace):
+		_ = op.cmd.Process.Kill()
+		<-exited
+		return fmt.Errorf("the operator did not exit within %s of SIGTERM", grace)
+	}
+}
+
+// caughtUp waits, up to timeout, until the operator has reconciled as many times as there are
+// clusters and holds nothing in its queue: having listed them at its start, it has taken each
+// up once. It returns when it saw so (a sample it keeps), or false.
+func (op *operator) caughtUp(clusters int, timeout time.Duration) (time.Time, bool) {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		s, err := op.sample(true)
+		if err != nil || !s.scraped {
+			continue
+		}
+		op.mu.Lock()
+		op.samples = append(op.samples, s)
+		op.mu.Unlock()
+		if s.reconcile.count >= uint64(clusters) && s.queueDepth == 0 {
+			return s.at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // metricsRead are the metric families the harness reads, the only ones it asks for (name[]):

@@ -22,6 +22,7 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 	ran := &result{n: 10,
 		create:  scenario{window: time.Minute, took: 5 * time.Second},
 		steady:  scenario{window: time.Minute, etcdConns: 30, etcdRequests: 40},
+		restart: scenario{window: time.Minute, took: 3 * time.Second, settledRSS: 40 << 20},
 		frozen:  scenario{window: time.Minute, frozen: 1, clusters: 1},
 		upgrade: scenario{window: time.Minute, clusters: 11},
 		delete:  scenario{window: time.Minute, clusters: 11},
@@ -38,12 +39,36 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 			}
 		}
 	}
-	// N=10: creation, idle, frozen; its 11 clusters: upgrade, deletion; N=1000: creation only.
-	if rows["10"] != 3 || rows["11"] != 2 || rows["1000"] != 1 {
-		t.Errorf("rows per fleet: %v, want 10: 3, 11: 2, 1000: 1\n%s", rows, out)
+	// N=10: creation, idle, restart, frozen; its 11 clusters: upgrade, deletion; N=1000: creation only.
+	if rows["10"] != 4 || rows["11"] != 2 || rows["1000"] != 1 {
+		t.Errorf("rows per fleet: %v, want 10: 4, 11: 2, 1000: 1\n%s", rows, out)
 	}
 	if !strings.Contains(out, "**N=1000: 400 clusters never became Ready**") {
 		t.Errorf("the clusters that never became Ready are not said:\n%s", out)
+	}
+}
+
+// The smoke run fails on writes by the idle fleet and by the restarted operator, and passes
+// without them.
+func TestWritesOfAnIdleOrRestartedOperatorAreProblems(t *testing.T) {
+	quiet := func() *result {
+		return &result{n: 10,
+			create:  scenario{requests: requests{byVerb: map[string]int{"create": 40}}},
+			steady:  scenario{etcdRequests: 40, requests: requests{byVerb: map[string]int{"get": 1}, leases: 30}},
+			restart: scenario{requests: requests{byVerb: map[string]int{"list": 9, "watch": 9}, leases: 3}},
+		}
+	}
+	if p := quiet().problems(); len(p) > 0 {
+		t.Errorf("reads and lease renewals only: %v, want no problem", p)
+	}
+	idle := quiet()
+	idle.steady.requests.byVerb["patch"] = 1
+	restarted := quiet()
+	restarted.restart.requests.byVerb["patch"] = 2
+	for name, r := range map[string]*result{"idle": idle, "restarted": restarted} {
+		if p := r.problems(); len(p) != 1 {
+			t.Errorf("%s fleet patched: problems %v, want one", name, p)
+		}
 	}
 }
 
