@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/e2e-framework/klient/decoder"
 	"sigs.k8s.io/e2e-framework/klient/k8s"
@@ -197,6 +198,20 @@ func get(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVClu
 		t.Fatal(err)
 	}
 	return out
+}
+
+// editSpec changes the cluster as a user's edit does: read it, change it, write it; read again
+// when the API server refuses the write for a newer version (the operator's status writes and
+// finalizer come between a read and a write).
+func editSpec(ctx context.Context, t testing.TB, cfg *envconf.Config, kvc *kvv1.KVCluster, change func(*kvv1.KVCluster)) {
+	t.Helper()
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		k := get(ctx, t, cfg, kvc)
+		change(k)
+		return cfg.Client().Resources().Update(ctx, k)
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitReady waits for what `kubectl wait --for=condition=Ready` waits for, for the current generation.

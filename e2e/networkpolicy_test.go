@@ -114,12 +114,10 @@ func TestNetworkPolicyAdmitsOnlyWhatTheClusterNeeds(t *testing.T) {
 			return ctx
 		}).
 		Assess("naming another namespace's pods in clientsFrom lets them in, and only them", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-			got := get(ctx, t, cfg, kvc)
-			got.Spec.NetworkPolicy.ClientsFrom = []networkingv1.NetworkPolicyPeer{{NamespaceSelector: namespaceSelector(other),
-				PodSelector: &metav1.LabelSelector{MatchLabels: app}}}
-			if err := cfg.Client().Resources().Update(ctx, got); err != nil {
-				t.Fatal(err)
-			}
+			editSpec(ctx, t, cfg, kvc, func(k *kvv1.KVCluster) {
+				k.Spec.NetworkPolicy.ClientsFrom = []networkingv1.NetworkPolicyPeer{{NamespaceSelector: namespaceSelector(other),
+					PodSelector: &metav1.LabelSelector{MatchLabels: app}}}
+			})
 			check(t, cfg, other, false, []string{clientPort, service}, []string{peerPort, metricsPort})
 			// The namespace default gave way to what the spec names (this pod reached it before).
 			check(t, cfg, kvc.Namespace, false, nil, []string{clientPort, service})

@@ -244,10 +244,7 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 			for name, p := range memberPods(ctx, t, cfg, kvc) {
 				uids[name] = p.UID
 			}
-			before.Spec.Version = "3.7.3"
-			if err := cfg.Client().Resources().Update(ctx, before); err != nil {
-				t.Fatal(err)
-			}
+			editSpec(ctx, t, cfg, kvc, func(k *kvv1.KVCluster) { k.Spec.Version = "3.7.3" })
 			start := time.Now()
 			var replaced []string
 			maxDown, phases := 0, []kvv1.Phase{}
@@ -322,11 +319,7 @@ func TestUpgradeScaleAndHealUnderWrites(t *testing.T) {
 		}).
 		Assess("scale 3 → 5 → 3: learners join one at a time, members leave before their pods", func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
 			for _, n := range []int{5, 3} {
-				k := get(ctx, t, cfg, kvc)
-				k.Spec.Partitions = int32(n)
-				if err := cfg.Client().Resources().Update(ctx, k); err != nil {
-					t.Fatal(err)
-				}
+				editSpec(ctx, t, cfg, kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions = int32(n) })
 				start := time.Now()
 				sizes, violations := []string{}, []string{}
 				err := wait.For(func(ctx context.Context) (bool, error) {

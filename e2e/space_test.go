@@ -434,12 +434,8 @@ func TestNoSpaceRecoversWithoutAPerson(t *testing.T) {
 					t.Errorf("SpaceExhausted does not say what to do: %s", exhausted.Message)
 				}
 
-				raised := get(ctx, t, cfg, kvc)
 				quota := resource.MustParse("48Mi")
-				raised.Spec.Space.BackendQuota = &quota
-				if err := cfg.Client().Resources().Update(ctx, raised); err != nil {
-					t.Fatal(err)
-				}
+				editSpec(ctx, t, cfg, kvc, func(k *kvv1.KVCluster) { k.Spec.Space.BackendQuota = &quota })
 				start := time.Now()
 				if err := wait.For(func(ctx context.Context) (bool, error) {
 					k := get(ctx, t, cfg, kvc)
@@ -503,10 +499,7 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 					uids[name] = p.UID
 				}
 				writerAsk(ctx, t, cfg, kvc, "report", "reset", "true")
-				before.Spec.Storage.Size = resource.MustParse("768Mi")
-				if err := cfg.Client().Resources().Update(ctx, before); err != nil {
-					t.Fatal(err)
-				}
+				editSpec(ctx, t, cfg, kvc, func(k *kvv1.KVCluster) { k.Spec.Storage.Size = resource.MustParse("768Mi") })
 				start := time.Now()
 				var expanded, replaced []string
 				var expandedAfter time.Duration
@@ -579,11 +572,7 @@ func TestGrowingVolumesUnderWrites(t *testing.T) {
 			}).
 		Assess("a member added afterwards starts on a claim of the template's 512Mi, which is expanded to 768Mi; the others keep their quota",
 			func(ctx context.Context, t *testing.T, cfg *envconf.Config) context.Context {
-				k := get(ctx, t, cfg, kvc)
-				k.Spec.Partitions = 4
-				if err := cfg.Client().Resources().Update(ctx, k); err != nil {
-					t.Fatal(err)
-				}
+				editSpec(ctx, t, cfg, kvc, func(k *kvv1.KVCluster) { k.Spec.Partitions = 4 })
 				start := time.Now()
 				if err := wait.For(func(ctx context.Context) (bool, error) {
 					k := get(ctx, t, cfg, kvc)

@@ -327,11 +327,7 @@ func TestMovingARunningClusterToTLS(t *testing.T) {
 	}
 	withCert := []string{"--cacert=/etc/etcd/tls/peer/ca.crt", "--cert=/etc/etcd/tls/peer/tls.crt", "--key=/etc/etcd/tls/peer/tls.key"}
 	setTLS := func(ctx context.Context, t *testing.T, cfg *envconf.Config, spec *kvv1.TLSSpec) {
-		k := get(ctx, t, cfg, kvc)
-		k.Spec.TLS = spec
-		if err := cfg.Client().Resources().Update(ctx, k); err != nil {
-			t.Fatal(err)
-		}
+		editSpec(ctx, t, cfg, kvc, func(k *kvv1.KVCluster) { k.Spec.TLS = spec })
 		kvc.Spec.TLS = spec
 	}
 	f := features.New("a running plaintext cluster moves to TLS and back under writes: clients keep a scheme every member accepts").
