@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 	"github.com/kvcluster/kvcluster-operator/deploy/monitoring"
 )
 
@@ -132,7 +133,7 @@ func scrape(ctx context.Context, url, token string) (int, map[string]*dto.Metric
 func operatorMetrics(ctx context.Context, t *testing.T, cfg *envconf.Config, token string) (int, map[string]*dto.MetricFamily, error) {
 	t.Helper()
 	var lease coordinationv1.Lease
-	if err := cfg.Client().Resources().Get(ctx, "kvcluster-operator.kvcluster.io", operatorNamespace, &lease); err != nil {
+	if err := cfg.Client().Resources().Get(ctx, specs.LeaderElectionID, operatorNamespace, &lease); err != nil {
 		return 0, nil, fmt.Errorf("the operator's lease: %w", err)
 	}
 	// The holder's identity is its pod's name (its host name), then "_" and a UID.

@@ -119,7 +119,7 @@ func main() {
 		HealthProbeBindAddress:  *probeAddr,
 		PprofBindAddress:        *pprofAddr,
 		LeaderElection:          *leaderElect,
-		LeaderElectionID:        "kvcluster-operator.kvcluster.io",
+		LeaderElectionID:        specs.LeaderElectionID,
 		LeaderElectionNamespace: *leaderNS,
 		Client:                  client.Options{FieldOwner: specs.FieldManager},
 		Cache:                   controllers.CacheOptionsLeaving(namespaces, leaving),

@@ -18,6 +18,8 @@ import (
 const (
 	// FieldManager is the single field manager every write of the operator uses.
 	FieldManager = "kvcluster-operator"
+	// LeaderElectionID names the Lease the operator's replicas elect their leader with.
+	LeaderElectionID = "kvcluster-operator.kvcluster.io"
 
 	// ManagedByLabel marks every object the operator owns; the manager's cache selects on it, so it
 	// never holds unrelated Pods, StatefulSets or Jobs.

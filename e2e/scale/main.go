@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -434,6 +435,13 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	if err := b.op.terminate(grace); err != nil {
 		return err
 	}
+	lease := &coordinationv1.Lease{}
+	leaseKey := types.NamespacedName{Namespace: leaseNamespace, Name: specs.LeaderElectionID}
+	if err := b.cp.c.Get(ctx, leaseKey, lease); err != nil {
+		return err
+	}
+	// Let go, the Lease has no holder: else the next operator waits until it expires.
+	r.restart.leaseLetGo = lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == ""
 	start = time.Now()
 	if b.op, err = b.start(); err != nil {
 		return err
@@ -441,6 +449,12 @@ func (b *bench) scenarios(ctx context.Context, steady time.Duration, frozenShare
 	caughtUp, ok := b.op.caughtUp(b.n, 2*time.Minute+time.Duration(b.n)*b.perCluster.create)
 	if !ok {
 		return fmt.Errorf("the restarted operator had not taken up the %d clusters after %s", b.n, time.Since(start).Round(time.Second))
+	}
+	if err := b.cp.c.Get(ctx, leaseKey, lease); err != nil {
+		return err
+	}
+	if lease.Spec.AcquireTime != nil {
+		r.restart.leaseTaken = lease.Spec.AcquireTime.Sub(start)
 	}
 	b.op.setQuiet(true)
 	time.Sleep(steady)
@@ -573,7 +587,10 @@ type scenario struct {
 	use          usage
 	// etcdConns and etcdRequests are what the simulated members served (idle fleet).
 	etcdConns, etcdRequests int64
-	// settledRSS is the restarted operator's RSS once it has been idle as long as the fleet was.
+	// Of the restart: whether the stopped operator let its leader election Lease go, when the
+	// new one took it, and its RSS once it has been idle as long as the fleet was.
+	leaseLetGo bool
+	leaseTaken time.Duration
 	settledRSS int64
 }
 
@@ -597,6 +614,9 @@ func (r *result) problems() []string {
 	}
 	if w := r.restart.requests.writes(); w > 0 {
 		p = append(p, fmt.Sprintf("the restarted operator made %d writes to the unchanged fleet: %s", w, r.restart.requests.perCluster(1)))
+	}
+	if r.restart.ran() && !r.restart.leaseLetGo {
+		p = append(p, fmt.Sprintf("the stopped operator kept its leader election Lease: the next one became leader %s after it started", seconds(r.restart.leaseTaken)))
 	}
 	return p
 }
@@ -627,14 +647,18 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 			trim(float64(c.etcdConns)/per), trim(float64(c.etcdRequests)/per), c.use.cpu/minutes, mib(c.use.lastRSS))
 	}
 	w("\n### The operator restarted against the idle fleet\n\n")
-	w("Stopped as a rolling update stops it (SIGTERM, its exit awaited) and a new process started: taken up when it has reconciled as many times as there are clusters and holds nothing in its queue; then left alone for %s. Its leader election lease is counted apart.\n\n", steady)
-	w("| N | taken up after | API requests per cluster | operator CPU until taken up | peak RSS | RSS %s later |\n|---|---|---|---|---|---|\n", steady)
+	w("Stopped as a rolling update stops it (SIGTERM, its exit awaited) and a new process started: leader when it took the leader election Lease; taken up when it has reconciled as many times as there are clusters and holds nothing in its queue; then left alone for %s. The leader election's requests are counted apart.\n\n", steady)
+	w("| N | leader after | taken up after | API requests per cluster | operator CPU until taken up | peak RSS | RSS %s later |\n|---|---|---|---|---|---|---|\n", steady)
 	for _, r := range results {
 		c := r.restart
 		if !c.ran() {
 			continue
 		}
-		w("| %d | %s | %s | %.1f s | %s | %s |\n", r.n, seconds(c.took), c.requests.perCluster(float64(r.n)), c.use.cpu, mib(c.use.peakRSS), mib(c.settledRSS))
+		leader := seconds(c.leaseTaken)
+		if !c.leaseLetGo {
+			leader += " (the stopped operator's Lease expired first)"
+		}
+		w("| %d | %s | %s | %s | %.1f s | %s | %s |\n", r.n, leader, seconds(c.took), c.requests.perCluster(float64(r.n)), c.use.cpu, mib(c.use.peakRSS), mib(c.settledRSS))
 	}
 	w("\n### New clusters while %.0f %% of the fleet's members are frozen (SIGSTOP: connections accepted, never answered)\n\n", frozenShare*100)
 	w("| N | frozen clusters | new clusters: all Ready after | operator overhead per new cluster p50 / p99 / max | queue depth max | mean queue wait |\n|---|---|---|---|---|---|\n")

@@ -110,6 +110,9 @@ func deployed() (memoryLimit int64, grace time.Duration, err error) {
 	return q.Value(), grace, nil
 }
 
+// leaseNamespace holds the operator's leader election Lease.
+const leaseNamespace = "default"
+
 func startOperator(work, kubeconfig, simulated string, workers int) (*operator, error) {
 	ports, err := freePorts(3)
 	if err != nil {
@@ -119,7 +122,7 @@ func startOperator(work, kubeconfig, simulated string, workers int) (*operator, 
 	cmd := exec.Command(filepath.Join(work, "kvcluster-operator"), "--kubeconfig", kubeconfig,
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport), "--metrics-secure=false",
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", pport), "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", dport),
-		"--leader-election-namespace", "default", "--backup-image", "kvcluster.io/operator:bench")
+		"--leader-election-namespace", leaseNamespace, "--backup-image", "kvcluster.io/operator:bench")
 	if workers > 0 {
 		cmd.Args = append(cmd.Args, "--max-concurrent-reconciles", strconv.Itoa(workers))
 	}

@@ -165,7 +165,7 @@ func seconds(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds())
 type requests struct {
 	byVerb map[string]int
 	// leases are the leader election's requests, counted apart: they are per operator, not per
-	// cluster.
+	// cluster (its Lease's, and the Event it records on the Lease when it becomes leader).
 	leases int
 	// podDeletes are the operator's deletions of pods; simulatorPodDeletes kwok's, which end a
 	// graceful deletion as a kubelet does (one per pod the operator deleted) — more means it
@@ -226,7 +226,15 @@ type auditEvent struct {
 	ObjectRef struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
+		Namespace   string `json:"namespace"`
+		Name        string `json:"name"`
 	} `json:"objectRef"`
+}
+
+// leaderElected reports whether e is the leader election's Event on its Lease (client-go names an
+// Event after its object and the time).
+func (e auditEvent) leaderElected() bool {
+	return e.ObjectRef.Resource == "events" && e.ObjectRef.Namespace == leaseNamespace && strings.HasPrefix(e.ObjectRef.Name, specs.LeaderElectionID+".")
 }
 
 // operatorRequests counts the requests the operator's user agent made between from and to
@@ -262,7 +270,7 @@ func operatorRequests(auditLog string, from, to time.Time) (requests, error) {
 			if podDelete {
 				r.simulatorPodDeletes++
 			}
-		case e.ObjectRef.Resource == "leases":
+		case e.ObjectRef.Resource == "leases", e.leaderElected():
 			r.leases++
 		default:
 			r.byVerb[e.Verb]++

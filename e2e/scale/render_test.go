@@ -13,6 +13,7 @@ import (
 	"time"
 
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
+	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
 
 // After a failed creation only the creation row is printed: the scenarios that did not run get
@@ -22,7 +23,7 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 	ran := &result{n: 10,
 		create:  scenario{window: time.Minute, took: 5 * time.Second},
 		steady:  scenario{window: time.Minute, etcdConns: 30, etcdRequests: 40},
-		restart: scenario{window: time.Minute, took: 3 * time.Second, settledRSS: 40 << 20},
+		restart: scenario{window: time.Minute, took: 3 * time.Second, leaseLetGo: true, leaseTaken: time.Second, settledRSS: 40 << 20},
 		frozen:  scenario{window: time.Minute, frozen: 1, clusters: 1},
 		upgrade: scenario{window: time.Minute, clusters: 11},
 		delete:  scenario{window: time.Minute, clusters: 11},
@@ -48,26 +49,29 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 	}
 }
 
-// The smoke run fails on writes by the idle fleet and by the restarted operator, and passes
-// without them.
-func TestWritesOfAnIdleOrRestartedOperatorAreProblems(t *testing.T) {
+// The smoke run fails on writes by the idle fleet and by the restarted operator, and on a
+// stopped operator that kept its Lease; it passes without them.
+func TestWritesToTheIdleFleetAndAKeptLeaseAreProblems(t *testing.T) {
 	quiet := func() *result {
 		return &result{n: 10,
-			create:  scenario{requests: requests{byVerb: map[string]int{"create": 40}}},
-			steady:  scenario{etcdRequests: 40, requests: requests{byVerb: map[string]int{"get": 1}, leases: 30}},
-			restart: scenario{requests: requests{byVerb: map[string]int{"list": 9, "watch": 9}, leases: 3}},
+			create: scenario{requests: requests{byVerb: map[string]int{"create": 40}}},
+			steady: scenario{etcdRequests: 40, requests: requests{byVerb: map[string]int{"get": 1}, leases: 30}},
+			restart: scenario{window: time.Minute, leaseLetGo: true,
+				requests: requests{byVerb: map[string]int{"list": 9, "watch": 9}, leases: 3}},
 		}
 	}
 	if p := quiet().problems(); len(p) > 0 {
-		t.Errorf("reads and lease renewals only: %v, want no problem", p)
+		t.Errorf("reads and the leader election only: %v, want no problem", p)
 	}
 	idle := quiet()
 	idle.steady.requests.byVerb["patch"] = 1
 	restarted := quiet()
 	restarted.restart.requests.byVerb["patch"] = 2
-	for name, r := range map[string]*result{"idle": idle, "restarted": restarted} {
+	leaseKept := quiet()
+	leaseKept.restart.leaseLetGo = false
+	for name, r := range map[string]*result{"idle fleet patched": idle, "restarted operator patched": restarted, "lease kept": leaseKept} {
 		if p := r.problems(); len(p) != 1 {
-			t.Errorf("%s fleet patched: problems %v, want one", name, p)
+			t.Errorf("%s: problems %v, want one", name, p)
 		}
 	}
 }
@@ -137,5 +141,31 @@ func TestARotatedAuditLogIsNotCounted(t *testing.T) {
 	}
 	if got, err := cp.auditLog(); err == nil {
 		t.Errorf("rotated audit log: %q, no error; want an error", got)
+	}
+}
+
+// The leader election's requests, its Lease's and the Event it records on taking it, are counted
+// apart from the requests for the clusters: a restarted operator's "became leader" is not a write
+// to the fleet.
+func TestTheLeaderElectionIsCountedApart(t *testing.T) {
+	at := time.Date(2026, 12, 7, 4, 11, 31, 0, time.UTC)
+	line := func(verb, resource, namespace, name string) string {
+		return fmt.Sprintf(`{"verb":%q,"userAgent":"kvcluster-operator/v0.0.0","stageTimestamp":%q,"responseStatus":{"code":201},"objectRef":{"resource":%q,"namespace":%q,"name":%q}}`+"\n",
+			verb, at.Format(time.RFC3339Nano), resource, namespace, name)
+	}
+	audit := filepath.Join(t.TempDir(), "audit.log")
+	log := line("update", "leases", leaseNamespace, specs.LeaderElectionID) +
+		line("create", "events", leaseNamespace, specs.LeaderElectionID+".18eedd5caf1d928a") +
+		line("create", "events", "scale-10", "kv0001.18eedd5caf1d928b") +
+		line("patch", "kvclusters", "scale-10", "kv0001")
+	if err := os.WriteFile(audit, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := operatorRequests(audit, at.Add(-time.Second), at.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.leases != 2 || r.byVerb["create"] != 1 || r.byVerb["patch"] != 1 {
+		t.Errorf("leader election %d, by verb %v; want 2, and create 1 (the cluster's event), patch 1", r.leases, r.byVerb)
 	}
 }
