@@ -690,7 +690,8 @@ func (r *chaosRun) sample(ctx context.Context) {
 	res := r.cfg.Client().Resources()
 	now := time.Now()
 	var lease coordinationv1.Lease
-	if err := res.Get(ctx, specs.LeaderElectionID, operatorNamespace, &lease); err == nil && lease.Spec.HolderIdentity != nil {
+	// A Lease let go (no holder: an operator stopped gracefully) is no leader yet.
+	if err := res.Get(ctx, specs.LeaderElectionID, operatorNamespace, &lease); err == nil && ptr.Deref(lease.Spec.HolderIdentity, "") != "" {
 		r.mu.Lock()
 		if n := len(r.leases); n == 0 || r.leases[n-1].holder != *lease.Spec.HolderIdentity {
 			r.leases = append(r.leases, leaseHolder{at: now, holder: *lease.Spec.HolderIdentity})
