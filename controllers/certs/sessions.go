@@ -57,10 +57,12 @@ func (c *compactSessions) Put(key string, session *tls.ClientSessionState) {
 		ticket, state, err := session.ResumptionState()
 		if err != nil || state == nil {
 			session = nil
-		} else if stored.state, err = state.Bytes(); err != nil {
+		} else if serialized, err := state.Bytes(); err != nil {
 			session = nil
 		} else {
-			stored.ticket = slices.Clone(ticket) // not the rest of the message it came in
+			// Copies of their own length: the ticket is part of the message it came in, and the
+			// state is in the buffer its builder grew, with room after it (858 bytes in 1,280).
+			stored.ticket, stored.state = slices.Clone(ticket), slices.Clone(serialized)
 		}
 	}
 	c.mu.Lock()
