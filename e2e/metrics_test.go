@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -136,8 +137,13 @@ func operatorMetrics(ctx context.Context, t *testing.T, cfg *envconf.Config, tok
 	if err := cfg.Client().Resources().Get(ctx, specs.LeaderElectionID, operatorNamespace, &lease); err != nil {
 		return 0, nil, fmt.Errorf("the operator's lease: %w", err)
 	}
-	// The holder's identity is its pod's name (its host name), then "_" and a UID.
-	pod, _, _ := strings.Cut(ptr.Deref(lease.Spec.HolderIdentity, ""), "_")
+	// The holder's identity is its pod's name (its host name), then "_" and a UID; none while a
+	// stopped operator has let the Lease go and the next has not taken it yet.
+	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
+	if holder == "" {
+		return 0, nil, errors.New("the operator's lease has no holder: no operator leads yet")
+	}
+	pod, _, _ := strings.Cut(holder, "_")
 	addr, stop, err := portForward(cfg, operatorNamespace, "pod/"+pod, 8443)
 	if err != nil {
 		return 0, nil, err
