@@ -170,7 +170,7 @@ func (r *KVClusterReconciler) membersClient(kvc *kvv1.KVCluster, scheme string, 
 		return r.Members, nil
 	}
 	c := secrets[specs.TLSClient]
-	config, err := r.clientTLS.Of(cluster, c[specs.CACertKey], c[corev1.TLSCertKey], c[corev1.TLSPrivateKeyKey])
+	config, err := r.clientTLS.Of(cluster, c[specs.CACertKey], c[corev1.TLSCertKey], c[corev1.TLSPrivateKeyKey], secrets[specs.TLSServer][corev1.TLSCertKey])
 	if err != nil {
 		return nil, fmt.Errorf("no usable client certificate in Secret %s yet: %w", specs.TLSSecretName(kvc, specs.TLSClient), err)
 	}

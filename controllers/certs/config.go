@@ -64,10 +64,12 @@ type ownedSessions struct {
 }
 
 // Of returns a ClientConfig for these inputs with the sessions kept for owner, when they are the
-// inputs those were had with. One owner's configuration is asked for by one caller at a time (a
-// cluster is never reconciled twice at once); were it asked for concurrently with new inputs, the
-// sessions of the last would be kept.
-func (c *ClientConfigs[K]) Of(owner K, caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
+// inputs those were had with. memberPEM is the certificate the members serve (their Secret's): the
+// sessions are kept without it and the CA's, which each of them carries (compactSessions). One
+// owner's configuration is asked for by one caller at a time (a cluster is never reconciled twice
+// at once); were it asked for concurrently with new inputs, the sessions of the last would be
+// kept.
+func (c *ClientConfigs[K]) Of(owner K, caPEM, certPEM, keyPEM, memberPEM []byte) (*tls.Config, error) {
 	config, err := ClientConfig(caPEM, certPEM, keyPEM)
 	if err != nil {
 		c.Forget(owner)
@@ -84,7 +86,7 @@ func (c *ClientConfigs[K]) Of(owner K, caPEM, certPEM, keyPEM []byte) (*tls.Conf
 		kept = ownedSessions{inputs: inputs, sessions: newCompactSessions(sessionsPerClient)}
 		c.byOwner[owner] = kept
 	}
-	config.ClientSessionCache = kept.sessions
+	config.ClientSessionCache = lookSessions{kept: kept.sessions, known: certificatesIn(caPEM, memberPEM)}
 	return config, nil
 }
 

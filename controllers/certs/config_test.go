@@ -19,7 +19,8 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	client, renewed := liveLeaf(t, ca, Client, "operator"), liveLeaf(t, ca, Client, "operator")
 	trusted := x509.NewCertPool()
 	trusted.AddCert(ca.Cert)
-	addr := serveMembers(t, &tls.Config{Certificates: []tls.Certificate{keyPair(t, liveLeaf(t, ca, Server, "127.0.0.1"))},
+	member := liveLeaf(t, ca, Server, "127.0.0.1")
+	addr := serveMembers(t, &tls.Config{Certificates: []tls.Certificate{keyPair(t, member)},
 		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: trusted, MinVersion: tls.VersionTLS12})
 	// connect makes one connection as the operator does, and reports whether it resumed a session.
 	connect := func(config *tls.Config) bool {
@@ -36,10 +37,11 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	}
 
 	var configs ClientConfigs[string]
-	// of is owner's configuration for the inputs, as a reconcile asks for it.
+	// of is owner's configuration for the inputs, as a reconcile asks for it, knowing the
+	// certificate the member serves.
 	of := func(owner string, caPEM []byte, leaf Leaf) *tls.Config {
 		t.Helper()
-		config, err := configs.Of(owner, caPEM, leaf.CertPEM, leaf.KeyPEM)
+		config, err := configs.Of(owner, caPEM, leaf.CertPEM, leaf.KeyPEM, member.CertPEM)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,6 +56,20 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	if connect(of("ns/other", ca.CertPEM, client)) {
 		t.Error("another cluster resumed this cluster's session")
 	}
+	// A look that knows another member certificate (its Secret renewed, the member not serving the
+	// new one yet) cannot put the served one back into the session: it connects anew, and keeps
+	// that session whole.
+	renewedMember := liveLeaf(t, ca, Server, "127.0.0.1")
+	config, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, client.KeyPEM, renewedMember.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if connect(config) {
+		t.Error("a session was resumed with a member certificate the look does not know")
+	}
+	if !connect(config) {
+		t.Error("the session had with a member certificate the look does not know was not resumed")
+	}
 	if connect(of("ns/kv", ca.CertPEM, renewed)) {
 		t.Error("a renewed certificate resumed the session of the one before")
 	}
@@ -65,10 +81,10 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	if connect(of("ns/kv", ca.CertPEM, renewed)) {
 		t.Error("a session was resumed after Forget")
 	}
-	if _, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, renewed.KeyPEM); err == nil {
+	if _, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, renewed.KeyPEM, member.CertPEM); err == nil {
 		t.Error("a certificate with another's key was taken")
 	}
-	if _, err := configs.Of("ns/other", []byte("garbage"), client.CertPEM, client.KeyPEM); err == nil {
+	if _, err := configs.Of("ns/other", []byte("garbage"), client.CertPEM, client.KeyPEM, member.CertPEM); err == nil {
 		t.Error("a CA certificate of garbage was taken")
 	}
 	if n := len(configs.byOwner); n != 0 {
@@ -92,7 +108,8 @@ func BenchmarkClientConfig(b *testing.B) {
 
 // BenchmarkKeptClientTLS reports the heap ClientConfigs holds for a cluster once a configuration
 // of it connected to a member and kept the session offered (what the operator keeps per cluster
-// between looks, for one member): each cluster has a CA and a member certificate of its own; the
+// between looks, for one member; the look knows the certificate the member serves, from its
+// Secret): each cluster has a CA and a member certificate of its own; the
 // member asks for the client's certificate (RequireAndVerifyClientCert, as etcd with
 // --client-cert-auth), here all issued by one CA the member trusts.
 //
@@ -123,12 +140,13 @@ func BenchmarkKeptClientTLS(b *testing.B) {
 	for b.Loop() {
 		ca := liveCA(b, "kvcluster-ca")
 		name := fmt.Sprintf("member-%d", n)
-		memberCert := keyPair(b, liveLeaf(b, ca, Server, name))
+		memberLeaf := liveLeaf(b, ca, Server, name)
+		memberCert := keyPair(b, memberLeaf)
 		mu.Lock()
 		members[name] = &memberCert
 		mu.Unlock()
 
-		config, err := configs.Of(n, ca.CertPEM, client.CertPEM, client.KeyPEM)
+		config, err := configs.Of(n, ca.CertPEM, client.CertPEM, client.KeyPEM, memberLeaf.CertPEM)
 		if err != nil {
 			b.Fatal(err)
 		}

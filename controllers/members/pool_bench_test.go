@@ -129,7 +129,7 @@ func BenchmarkAskingAMember(b *testing.B) {
 		defer reportCPU(b)()
 		var configs certs.ClientConfigs[string]
 		for b.Loop() {
-			config, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, client.KeyPEM)
+			config, err := configs.Of("ns/kv", ca.CertPEM, client.CertPEM, client.KeyPEM, server.CertPEM)
 			if err != nil {
 				b.Fatal(err)
 			}
