@@ -25,15 +25,7 @@ func TestClientConfigsResumeSessions(t *testing.T) {
 	// connect makes one connection as the operator does, and reports whether it resumed a session.
 	connect := func(config *tls.Config) bool {
 		t.Helper()
-		conn, err := tls.Dial("tcp", addr, config)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil { // reading takes in the ticket
-			t.Fatal(err)
-		}
-		return conn.ConnectionState().DidResume
+		return dialMember(t, addr, config)
 	}
 
 	var configs ClientConfigs[string]
@@ -152,14 +144,7 @@ func BenchmarkKeptClientTLS(b *testing.B) {
 		}
 		dial := config.Clone() // as gRPC does, naming the member; the sessions are the cluster's
 		dial.ServerName = name
-		conn, err := tls.Dial("tcp", addr, dial)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil { // reading takes in the ticket
-			b.Fatal(err)
-		}
-		conn.Close()
+		dialMember(b, addr, dial)
 		n++
 	}
 	mu.Lock()
@@ -169,6 +154,22 @@ func BenchmarkKeptClientTLS(b *testing.B) {
 	runtime.ReadMemStats(&after)
 	runtime.KeepAlive(&configs) // what is measured is what it keeps
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heap-B/cluster")
+}
+
+// dialMember makes one connection to the member at addr with config, reads the byte it sends after
+// the handshake (so taking in its session ticket), and reports whether the connection resumed a
+// session.
+func dialMember(tb testing.TB, addr string, config *tls.Config) bool {
+	tb.Helper()
+	conn, err := tls.Dial("tcp", addr, config)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil {
+		tb.Fatal(err)
+	}
+	return conn.ConnectionState().DidResume
 }
 
 // serveMembers listens on loopback as members do with config, sending a byte after each handshake

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"io"
 	"slices"
 	"testing"
 )
@@ -60,15 +59,8 @@ func oneSession(t *testing.T) *tls.ClientSessionState {
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	kept := newCompactSessions(1)
-	conn, err := tls.Dial("tcp", serveMembers(t, &tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}),
+	dialMember(t, serveMembers(t, &tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}),
 		&tls.Config{RootCAs: roots, ServerName: "127.0.0.1", ClientSessionCache: kept, MinVersion: tls.VersionTLS12})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil { // reading takes in the ticket
-		t.Fatal(err)
-	}
 	session, ok := kept.Get("127.0.0.1")
 	if !ok {
 		t.Fatal("the member offered no session")
@@ -135,19 +127,8 @@ func TestSessionsKeptWithoutTheMembersCertificates(t *testing.T) {
 	addr := serveMembers(t, &tls.Config{Certificates: []tls.Certificate{keyPair(t, member)}, MinVersion: tls.VersionTLS12})
 	kept := newCompactSessions(1)
 	look := lookSessions{kept: kept, known: certificatesIn(ca.CertPEM, member.CertPEM)}
-	connect := func() bool {
-		t.Helper()
-		conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", ClientSessionCache: look, MinVersion: tls.VersionTLS12})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil { // reading takes in the ticket
-			t.Fatal(err)
-		}
-		return conn.ConnectionState().DidResume
-	}
-	connect()
+	config := &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", ClientSessionCache: look, MinVersion: tls.VersionTLS12}
+	dialMember(t, addr, config)
 	stored := kept.sessions["127.0.0.1"]
 	if stored == nil {
 		t.Fatal("the member offered no session")
@@ -179,7 +160,7 @@ func TestSessionsKeptWithoutTheMembersCertificates(t *testing.T) {
 	if _, ok := kept.get("127.0.0.1", certificatesIn(ca.CertPEM)); ok {
 		t.Error("a session was given out without the member's certificate known")
 	}
-	if !connect() {
+	if !dialMember(t, addr, config) {
 		t.Error("the session kept without its certificates was not resumed")
 	}
 }
