@@ -21,7 +21,6 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -68,12 +67,12 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
-	if limit, ok, err := goMemoryLimit(os.Getenv("GOMEMLIMIT"), os.Getenv("MEMORY_LIMIT")); err != nil {
-		log.Error(err, "cannot read the container's memory limit")
+	if limit, ok, err := goMemoryLimit(os.Getenv("GOMEMLIMIT"), os.Getenv("MEMORY_LIMIT"), executableMapped); err != nil {
+		log.Error(err, "cannot set Go's memory limit from the container's")
 		os.Exit(1)
 	} else if ok {
 		debug.SetMemoryLimit(limit)
-		log.Info("Go memory limit: 90 % of MEMORY_LIMIT", "bytes", limit)
+		log.Info("Go memory limit: 90 % of MEMORY_LIMIT less the executable's pages", "bytes", limit)
 	}
 
 	namespaces, err := watchNamespaces(*watch)
@@ -186,22 +185,6 @@ func main() {
 		log.Error(err, "manager stopped with an error")
 		os.Exit(1)
 	}
-}
-
-// goMemoryLimit is the Go runtime's memory limit for a container whose memory limit is
-// containerLimit (MEMORY_LIMIT: bytes from the downward API, or a quantity such as 256Mi): 90 % of
-// it, the rest being for what the runtime does not count. Near it the garbage collector works
-// harder instead of the heap doubling past the limit and the kernel killing the operator.
-// GOMEMLIMIT, when set, is left alone.
-func goMemoryLimit(goMemLimit, containerLimit string) (int64, bool, error) {
-	if goMemLimit != "" || containerLimit == "" {
-		return 0, false, nil
-	}
-	q, err := resource.ParseQuantity(containerLimit)
-	if err != nil || q.Value() <= 0 {
-		return 0, false, fmt.Errorf("MEMORY_LIMIT=%q is not a memory size (bytes, or a quantity such as 256Mi)", containerLimit)
-	}
-	return q.Value() / 10 * 9, true, nil
 }
 
 // metricsOptions serve the operator's metrics. Secure (the default), over HTTPS to the clients

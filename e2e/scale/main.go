@@ -768,7 +768,7 @@ Fleet sizes: %s.
   binds the member claims.
 - The real operator binary, as a process, with its defaults (leader election, %s, 5 s etcd
   timeout) and, as the Deployment gives it, its container's memory limit in MEMORY_LIMIT (Go's
-  limit is 90 %% of it; no cgroup enforces it here). It is built as `+"`make build`"+` builds it, with the `+"`kvcsim`"+` tag, whose only difference is that its etcd
+  limit is 90 %% of what its executable's pages leave of it; no cgroup enforces it here). It is built as `+"`make build`"+` builds it, with the `+"`kvcsim`"+` tag, whose only difference is that its etcd
   connections go to simulated members (`+"`controllers/members/membersim`"+`): a gRPC server speaking
   etcd's API that answers from the member pods' state — a member answers while its pod is Ready,
   reports its pod's image version, and the membership changes only through the operator's
