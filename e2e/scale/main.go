@@ -32,6 +32,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -62,6 +63,7 @@ func main() {
 	steady := flag.Duration("steady", time.Minute, "how long the idle fleet is watched (the operator looks at a healthy cluster once a minute)")
 	frozenShare := flag.Float64("frozen", 0.1, "share of the clusters whose members are frozen while as many new clusters are created")
 	workers := flag.Int("workers", 0, "the operator's --max-concurrent-reconciles (0: its default)")
+	memoryLimit := flag.String("memory-limit", "", "the operator's container memory limit, from which it sets Go's (a quantity such as 160Mi; empty: the shipped Deployment's)")
 	perCluster := flag.Duration("wait-per-cluster", 300*time.Millisecond, "how long creation may take per cluster, on top of 2 minutes, before the clusters not Ready fail the run (also for those created beside frozen ones; 1,000 clusters on 2 cores need more than the default)")
 	upgradePerCluster := flag.Duration("upgrade-wait-per-cluster", 600*time.Millisecond, "how long the version change may take per cluster, on top of 3 minutes, before the clusters not upgraded fail the run (1,000 clusters on 2 cores take about 0.7 s each: their 3,000 pods restart one member at a time)")
 	out := flag.String("out", "", "markdown file to write the tables to, with the machine and how to reproduce them")
@@ -98,14 +100,22 @@ func main() {
 	if mode := kvv1.TLSMode(*tlsMode); mode != kvv1.TLSOperator && mode != kvv1.TLSDisabled {
 		fail(fmt.Errorf("-tls: %q is neither %s nor %s", mode, kvv1.TLSOperator, kvv1.TLSDisabled))
 	}
-	results, err := run(t, ns, *steady, *frozenShare, *workers, waits{create: *perCluster, upgrade: *upgradePerCluster}, kvv1.TLSMode(*tlsMode))
-	report := render(results, *steady, *frozenShare, *workers, kvv1.TLSMode(*tlsMode))
+	setup := operatorSetup{workers: *workers}
+	if *memoryLimit != "" {
+		q, err := resource.ParseQuantity(*memoryLimit)
+		if err != nil || q.Value() <= 0 {
+			fail(fmt.Errorf("-memory-limit: %q is not a memory size", *memoryLimit))
+		}
+		setup.memoryLimit = q
+	}
+	results, err := run(t, ns, *steady, *frozenShare, setup, waits{create: *perCluster, upgrade: *upgradePerCluster}, kvv1.TLSMode(*tlsMode))
+	report := render(results, *steady, *frozenShare, setup, kvv1.TLSMode(*tlsMode))
 	fmt.Print(report)
 	if err != nil {
 		fail(err)
 	}
 	if *out != "" {
-		if err := os.WriteFile(*out, []byte(document(report, *sizes, *workers)), 0o644); err != nil {
+		if err := os.WriteFile(*out, []byte(document(report, *sizes, setup.workers)), 0o644); err != nil {
 			fail(err)
 		}
 	}
@@ -128,7 +138,13 @@ func fail(err error) {
 // waits are how long a scenario may take per cluster, on top of a few minutes.
 type waits struct{ create, upgrade time.Duration }
 
-func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers int, perCluster waits, tlsMode kvv1.TLSMode) ([]*result, error) {
+// operatorSetup is how the benchmark runs the operator where it differs from its defaults.
+type operatorSetup struct {
+	workers     int               // --max-concurrent-reconciles; 0: the operator's default
+	memoryLimit resource.Quantity // its container's memory limit; zero: the shipped Deployment's
+}
+
+func run(t tools, ns []int, steady time.Duration, frozenShare float64, setup operatorSetup, perCluster waits, tlsMode kvv1.TLSMode) ([]*result, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cacheDir, err := os.UserCacheDir()
@@ -228,7 +244,7 @@ func run(t tools, ns []int, steady time.Duration, frozenShare float64, workers i
 	for i, n := range ns {
 		b := &bench{cp: cp, tl: tl, sim: sim, watched: watched, n: n, namespace: fmt.Sprintf("scale-%d", n), r: &result{n: n}, perCluster: perCluster, tls: tlsMode}
 		results = append(results, b.r)
-		b.start = func() (*operator, error) { return startOperator(work, cp.kubeconfig, l.Addr().String(), workers) }
+		b.start = func() (*operator, error) { return startOperator(work, cp.kubeconfig, l.Addr().String(), setup) }
 		if b.op, err = b.start(); err != nil {
 			return results, err
 		}
@@ -624,7 +640,7 @@ func (r *result) problems() []string {
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
 // render prints the tables.
-func render(results []*result, steady time.Duration, frozenShare float64, workers int, tlsMode kvv1.TLSMode) string {
+func render(results []*result, steady time.Duration, frozenShare float64, setup operatorSetup, tlsMode kvv1.TLSMode) string {
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
 	w("### Creating N clusters at once (3 members each, tls.mode %s)\n\n", tlsMode)
@@ -721,10 +737,13 @@ func render(results []*result, steady time.Duration, frozenShare float64, worker
 			}
 		}
 	}
-	if workers > 0 {
-		w("\nOperator flags: the defaults but --max-concurrent-reconciles=%d.\n", workers)
+	if setup.workers > 0 {
+		w("\nOperator flags: the defaults but --max-concurrent-reconciles=%d.\n", setup.workers)
 	} else {
 		w("\nOperator flags: the defaults.\n")
+	}
+	if !setup.memoryLimit.IsZero() {
+		w("Its container's memory limit (MEMORY_LIMIT): %s instead of the shipped Deployment's.\n", setup.memoryLimit.String())
 	}
 	return s.String()
 }

@@ -113,7 +113,7 @@ func deployed() (memoryLimit int64, grace time.Duration, err error) {
 // leaseNamespace holds the operator's leader election Lease.
 const leaseNamespace = "default"
 
-func startOperator(work, kubeconfig, simulated string, workers int) (*operator, error) {
+func startOperator(work, kubeconfig, simulated string, setup operatorSetup) (*operator, error) {
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
@@ -123,12 +123,14 @@ func startOperator(work, kubeconfig, simulated string, workers int) (*operator, 
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", mport), "--metrics-secure=false",
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", pport), "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", dport),
 		"--leader-election-namespace", leaseNamespace, "--backup-image", "kvcluster.io/operator:bench")
-	if workers > 0 {
-		cmd.Args = append(cmd.Args, "--max-concurrent-reconciles", strconv.Itoa(workers))
+	if setup.workers > 0 {
+		cmd.Args = append(cmd.Args, "--max-concurrent-reconciles", strconv.Itoa(setup.workers))
 	}
-	limit, _, err := deployed()
-	if err != nil {
-		return nil, err
+	limit := setup.memoryLimit.Value()
+	if limit == 0 {
+		if limit, _, err = deployed(); err != nil {
+			return nil, err
+		}
 	}
 	// As deployed: the Deployment gives the operator its container's memory limit.
 	cmd.Env = append(os.Environ(), "KVC_SIMULATED_MEMBERS="+simulated, "MEMORY_LIMIT="+strconv.FormatInt(limit, 10))

@@ -28,7 +28,7 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 		upgrade: scenario{window: time.Minute, clusters: 11},
 		delete:  scenario{window: time.Minute, clusters: 11},
 	}
-	out := render([]*result{ran, failed}, time.Minute, 0.1, 0, kvv1.TLSOperator)
+	out := render([]*result{ran, failed}, time.Minute, 0.1, operatorSetup{}, kvv1.TLSOperator)
 	if strings.Contains(out, "NaN") {
 		t.Errorf("the tables hold NaN:\n%s", out)
 	}
