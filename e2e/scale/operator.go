@@ -132,7 +132,8 @@ func startOperator(work, kubeconfig, simulated string, setup operatorSetup) (*op
 			return nil, err
 		}
 	}
-	// As deployed: the Deployment gives the operator its container's memory limit.
+	// As deployed, the Deployment gives the operator its container's memory limit (Go's follows
+	// from it); -memory-limit gives another.
 	cmd.Env = append(os.Environ(), "KVC_SIMULATED_MEMBERS="+simulated, "MEMORY_LIMIT="+strconv.FormatInt(limit, 10))
 	log, err := os.OpenFile(filepath.Join(work, "operator.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

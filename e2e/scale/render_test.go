@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	kvv1 "github.com/kvcluster/kvcluster-operator/apis/v1alpha1"
 	"github.com/kvcluster/kvcluster-operator/controllers/specs"
 )
@@ -46,6 +48,36 @@ func TestOnlyTheScenariosThatRanArePrinted(t *testing.T) {
 	}
 	if !strings.Contains(out, "**N=1000: 400 clusters never became Ready**") {
 		t.Errorf("the clusters that never became Ready are not said:\n%s", out)
+	}
+}
+
+// The table says which operator ran: the defaults, or the workers and the container's memory
+// limit the run gave it instead of the shipped Deployment's (its figures depend on both).
+func TestTheOperatorsSetupIsPrinted(t *testing.T) {
+	ran := &result{n: 10, create: scenario{window: time.Minute, took: 5 * time.Second}}
+	for _, c := range []struct {
+		name      string
+		setup     operatorSetup
+		want, not []string
+	}{
+		{"defaults", operatorSetup{}, []string{"Operator flags: the defaults.\n"}, []string{"MEMORY_LIMIT"}},
+		{"workers", operatorSetup{workers: 8}, []string{"Operator flags: the defaults but --max-concurrent-reconciles=8.\n"}, []string{"MEMORY_LIMIT"}},
+		{"memory limit", operatorSetup{memoryLimit: resource.MustParse("160Mi")},
+			[]string{"Operator flags: the defaults.\n", "Its container's memory limit (MEMORY_LIMIT): 160Mi instead of the shipped Deployment's.\n"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := render([]*result{ran}, time.Minute, 0.1, c.setup, kvv1.TLSOperator)
+			for _, want := range c.want {
+				if !strings.Contains(out, want) {
+					t.Errorf("%q is not printed:\n%s", want, out)
+				}
+			}
+			for _, not := range c.not {
+				if strings.Contains(out, not) {
+					t.Errorf("%q is printed:\n%s", not, out)
+				}
+			}
+		})
 	}
 }
 
