@@ -176,8 +176,8 @@ bench: ## memory and speed of streaming backups into each store (B/op must not g
 	KVC_VERSITYGW="$$($(BUILD_TOOLS) --print-dir versitygw)" go test -run '^$$' -bench StorePut -benchtime 3x ./backup/
 
 # The fleet benchmark's sizes; it rewrites e2e/scale/BENCHMARKS.md.
-# 1,000 TLS clusters take 6.5-8.2 minutes to create on a 2-core machine, the whole run at 1,000
-# 25-34 minutes (see README).
+# 1,000 TLS clusters take 9-11 minutes to create on a 2-core machine, the whole run at 1,000
+# 35-36 minutes (see README).
 BENCH_SCALE_N ?= 10,100
 # More flags of the benchmark (go run ./e2e/scale -h), e.g. "-wait-per-cluster=1.5s -upgrade-wait-per-cluster=1s" for 1,000 clusters.
 BENCH_SCALE_FLAGS ?=
